@@ -1,0 +1,52 @@
+"""Shared CLI plumbing: logging to stderr, error-to-exit-code mapping, JSON output."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sys
+from typing import Any, Callable, TypeVar
+
+import click
+
+from ..errors import ExitCode, SupervisorError
+
+F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("supervisor")
+
+
+def setup_logging(verbose: int) -> None:
+    level = logging.WARNING - 10 * min(verbose, 2) if verbose else logging.INFO
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("[supervise %(asctime)s] %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("supervisor")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def fail(message: str, code: int = ExitCode.USAGE) -> None:
+    """One line on stderr naming the problem, then exit with a documented code."""
+    click.echo(f"supervise: error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(func: F) -> F:
+    """Turn :class:`SupervisorError` into one line and its exit code; never a traceback for a user mistake."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except SupervisorError as exc:
+            fail(str(exc), exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("supervise: interrupted", err=True)
+            sys.exit(130)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def echo_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))

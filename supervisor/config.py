@@ -1,0 +1,366 @@
+"""One config dataclass: defaults < YAML file < environment (``SUPERVISE_*``) < CLI flags.
+
+Values are validated when the config is built; a bad key or value raises :class:`ConfigError` naming
+the key, the value and what is allowed. Nested keys use dots in YAML paths and ``--set``
+(``budget.max_total_restarts=5``) and double underscores in the environment
+(``SUPERVISE_BUDGET__MAX_TOTAL_RESTARTS=5``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import ConfigError
+from .states import Action, FailureClass
+
+ENV_PREFIX = "SUPERVISE_"
+_SIGNAL_NAMES = {"TERM", "INT", "USR1", "USR2", "HUP", "QUIT", "CONT", "ALRM", "URG", "XCPU"}
+
+
+@dataclass(frozen=True)
+class ClassPolicy:
+    """What to do after one failure class: the action, how often in a row, and the backoff."""
+
+    action: Action = Action.STOP
+    retries: int = 3  # consecutive restarts of this class before the run stops
+    backoff: float = 2.0  # first delay before a restart, seconds; doubles each time
+    backoff_max: float = 60.0
+    exclude_node: bool = False  # on requeue, keep away from the node where it happened
+
+
+def _p(action: Action, retries: int = 3, exclude_node: bool = False) -> ClassPolicy:
+    return ClassPolicy(action=action, retries=retries, exclude_node=exclude_node)
+
+
+DEFAULT_POLICY: dict[FailureClass, ClassPolicy] = {
+    FailureClass.NATIVE_CRASH: _p(Action.RESTART),
+    FailureClass.ILLEGAL_MEMORY_ACCESS: _p(Action.RESTART),
+    FailureClass.CUDA_LAUNCH_FAILURE: _p(Action.RESTART),
+    FailureClass.NCCL_ERROR: _p(Action.RESTART),
+    FailureClass.HANG: _p(Action.RESTART, 2),
+    FailureClass.HARDWARE_FAULT: _p(Action.REQUEUE, 2, exclude_node=True),
+    FailureClass.SHM_EXHAUSTED: _p(Action.REQUEUE, 2, exclude_node=True),
+    FailureClass.NODE_FAILURE: _p(Action.REQUEUE, 2, exclude_node=True),
+    FailureClass.DEVICE_ASSERT: _p(Action.STOP, 0),
+    FailureClass.CUDA_OOM: _p(Action.STOP, 0),
+    FailureClass.HOST_OOM: _p(Action.STOP, 0),
+    FailureClass.PYTHON_EXCEPTION: _p(Action.STOP, 0),
+    FailureClass.PREEMPTED: _p(Action.REQUEUE, 1000),
+    FailureClass.TIME_LIMIT: _p(Action.REQUEUE, 1000),
+    FailureClass.CANCELLED: _p(Action.STOP, 0),
+    FailureClass.KILLED: _p(Action.RESTART, 1),
+    FailureClass.UNKNOWN: _p(Action.RESTART, 1),
+}
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """Limits on what restarts may cost (DESIGN.md §8). ``None`` means no limit."""
+
+    max_restarts_per_allocation: int | None = 10
+    max_total_restarts: int | None = 50  # across requeues: the ledger lives in the run directory
+    max_steps_lost: int | None = None
+    max_steps_lost_fraction: float | None = 0.5  # of the progress made so far
+    min_progress_between_crashes: int | None = None  # steps; fewer = a crash loop
+    same_failure_limit: int | None = 3  # same class at the same step this many times: stop
+    on_resume_mismatch: str = "stop"  # stop | warn: child started elsewhere than the resume point
+
+
+@dataclass(frozen=True)
+class PreemptionConfig:
+    """Stop notices, the grace deadline, and requeue (DESIGN.md §5)."""
+
+    signals: tuple[str, ...] = ("TERM", "USR1")  # signals that mean "the allocation is ending"
+    poll_interval: float = 0.0  # seconds between scontrol polls for PreemptTime; 0 = off
+    default_grace: float = 30.0  # deadline after a notice when Slurm tells none, seconds
+    margin: float = 3.0  # seconds kept free before the deadline
+    emergency_save: bool = True  # ask a client for a save when none is in flight and one fits
+    requeue: str = "auto"  # auto | always | never: scontrol requeue when Slurm will not
+    requeue_on_time_limit: bool = True
+
+
+@dataclass(frozen=True)
+class SupervisorConfig:
+    """Everything ``supervise run`` can be told. Built by :func:`load_config`."""
+
+    name: str | None = None
+    run_dir: str | None = None  # default: ./runs/<name>
+    checkpoint_dir: str | None = None  # default: <run_dir>/checkpoints
+    resume_arg: str | None = None  # e.g. "--ckpt_path {path}"; appended only when resuming
+    step_regex: str | None = None  # None = the built-in patterns (supervisor.progress)
+    quarantine: bool = True  # rename torn checkpoints aside before an attempt
+    verify_resume_deep: bool = True  # CRC-check (L4) the chosen resume point
+    stall_timeout: float = 0.0  # seconds without progress before the child is dumped and killed; 0 = off
+    slowdown_fraction: float = 0.5  # step rate below this fraction of its median ...
+    slowdown_window: float = 300.0  # ... for this long: a slowdown event
+    loss_spike_factor: float = 10.0  # loss above this multiple of its running median: an event
+    loss_policy: str = "warn"  # warn | stop
+    term_timeout: float = 30.0  # TERM -> KILL for the child's process group, seconds
+    tail_bytes: int = 262144  # bytes of output kept in memory for classification
+    max_line_bytes: int = 65536  # longer lines are cut in the tail (never in the log file)
+    progress_event_interval: float = 30.0  # seconds between sampled progress events
+    config_files: tuple[str, ...] = ()  # training config files hashed into the manifest
+    preflight: tuple[str, ...] = ()  # "gpu": run the GPU health check before each attempt
+    policy: Mapping[FailureClass, ClassPolicy] = field(default_factory=lambda: dict(DEFAULT_POLICY))
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (enums as strings) for YAML/JSON output and hashing."""
+        return _plain(self)
+
+    def config_hash(self) -> str:
+        """sha256 of the canonical JSON (sorted keys, non-JSON values as strings)."""
+        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canon.encode()).hexdigest()
+
+    def policy_for(self, cls: FailureClass) -> ClassPolicy:
+        return self.policy.get(cls, DEFAULT_POLICY.get(cls, ClassPolicy()))
+
+
+# ---------------------------------------------------------------------------------------------
+# Building and validation
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {(k.value if hasattr(k, "value") else k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "value") and isinstance(getattr(value, "value"), str):
+        return value.value
+    return value
+
+
+def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, val in over.items():
+        if isinstance(val, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _deep_merge(dict(out[key]), val)
+        else:
+            out[key] = val
+    return out
+
+
+def _set_dotted(target: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = [p for p in dotted.split(".") if p]
+    node = target
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(dotted, value, f"'{part}' is not a section")
+    node[parts[-1]] = value
+
+
+def _parse_scalar(text: str) -> Any:
+    """Environment and ``--set`` values are YAML scalars: ``5``, ``0.5``, ``true``, ``null``, ``[TERM]``."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+_NONE_TYPE = type(None)
+
+
+def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
+    """Check ``value`` against a type hint; convert where the conversion is unambiguous."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and _NONE_TYPE in args:
+            return None
+        inner = [a for a in args if a is not _NONE_TYPE]
+        return _coerce(key, value, inner[0], source)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(key, value, "expected true or false", source)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, value, "expected a whole number", source)
+        if value < 0:
+            raise ConfigError(key, value, "expected a number >= 0", source)
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, value, "expected a number", source)
+        if value < 0 or value != value:
+            raise ConfigError(key, value, "expected a number >= 0", source)
+        return float(value)
+    if hint is str:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        if not isinstance(value, str):
+            raise ConfigError(key, value, "expected a string", source)
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in re.split(r"[,\s]+", value) if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, value, "expected a list", source)
+        return tuple(_coerce(key, v, args[0], source) for v in value)
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            allowed = ", ".join(m.value for m in hint)
+            raise ConfigError(key, value, f"allowed: {allowed}", source) from None
+    raise ConfigError(key, value, f"unsupported type {hint}", source)
+
+
+def _build_dataclass(cls: type, data: Mapping[str, Any], prefix: str, source: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(prefix.rstrip(".") or "<top>", data, "expected a mapping of keys", source)
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in data:
+        if key not in known:
+            allowed = ", ".join(sorted(known))
+            raise ConfigError(f"{prefix}{key}", data[key], f"unknown key; known keys: {allowed}", source)
+    kwargs: dict[str, Any] = {}
+    for name in known:
+        if name not in data:
+            continue
+        hint = hints[name]
+        key = f"{prefix}{name}"
+        value = data[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build_dataclass(hint, value or {}, key + ".", source)
+        elif name == "policy":
+            kwargs[name] = _build_policy(value, key, source)
+        else:
+            kwargs[name] = _coerce(key, value, hint, source)
+    return cls(**kwargs)
+
+
+def _build_policy(value: Any, key: str, source: str) -> dict[FailureClass, ClassPolicy]:
+    policy = dict(DEFAULT_POLICY)
+    if value is None:
+        return policy
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, value, "expected a mapping from failure class to its policy", source)
+    for cls_name, entry in value.items():
+        try:
+            cls = FailureClass(cls_name)
+        except ValueError:
+            allowed = ", ".join(c.value for c in FailureClass if c is not FailureClass.COMPLETED)
+            raise ConfigError(f"{key}.{cls_name}", entry, f"unknown failure class; allowed: {allowed}",
+                              source) from None
+        if isinstance(entry, str):  # shorthand: "segfault: stop"
+            entry = {"action": entry}
+        base = _plain(policy[cls]) if cls in policy else {}
+        merged = _deep_merge(base, entry or {})
+        policy[cls] = _build_dataclass(ClassPolicy, merged, f"{key}.{cls_name}.", source)
+    return policy
+
+
+def _validate(cfg: SupervisorConfig) -> None:
+    if cfg.resume_arg is not None and "{path}" not in cfg.resume_arg:
+        raise ConfigError("resume_arg", cfg.resume_arg, "must contain {path}, e.g. '--ckpt_path {path}'")
+    if cfg.step_regex is not None:
+        try:
+            compiled = re.compile(cfg.step_regex)
+        except re.error as exc:
+            raise ConfigError("step_regex", cfg.step_regex, f"not a valid regular expression ({exc})") from None
+        if compiled.groups < 1:
+            raise ConfigError("step_regex", cfg.step_regex, "needs one capture group for the step number")
+    if not 0.0 < cfg.slowdown_fraction < 1.0:
+        raise ConfigError("slowdown_fraction", cfg.slowdown_fraction, "expected a fraction between 0 and 1")
+    if cfg.loss_policy not in ("warn", "stop"):
+        raise ConfigError("loss_policy", cfg.loss_policy, "allowed: warn, stop")
+    if cfg.budget.on_resume_mismatch not in ("stop", "warn"):
+        raise ConfigError("budget.on_resume_mismatch", cfg.budget.on_resume_mismatch, "allowed: stop, warn")
+    if cfg.preemption.requeue not in ("auto", "always", "never"):
+        raise ConfigError("preemption.requeue", cfg.preemption.requeue, "allowed: auto, always, never")
+    for sig in cfg.preemption.signals:
+        if sig.upper().removeprefix("SIG") not in _SIGNAL_NAMES:
+            raise ConfigError("preemption.signals", sig, f"allowed: {', '.join(sorted(_SIGNAL_NAMES))}")
+    for item in cfg.preflight:
+        if item not in ("gpu",):
+            raise ConfigError("preflight", item, "allowed: gpu")
+    if cfg.tail_bytes < 4096:
+        raise ConfigError("tail_bytes", cfg.tail_bytes, "expected at least 4096")
+    if cfg.max_line_bytes < 256:
+        raise ConfigError("max_line_bytes", cfg.max_line_bytes, "expected at least 256")
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """Load a YAML config file, turning every failure into a one-line :class:`ConfigError`."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError("--config", str(path), f"cannot read the file ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError("--config", str(path), f"malformed YAML{where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("--config", str(path), "the file must hold a mapping of keys (key: value)")
+    return data
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``SUPERVISE_STALL_TIMEOUT=60`` and ``SUPERVISE_BUDGET__MAX_TOTAL_RESTARTS=5`` as a nested dict."""
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or name in ("SUPERVISE_CONFIG",):
+            continue
+        dotted = name[len(ENV_PREFIX):].lower().replace("__", ".")
+        _set_dotted(out, dotted, _parse_scalar(raw))
+    return out
+
+
+def load_config(
+    config_file: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    cli: Mapping[str, Any] | None = None,
+    sets: tuple[str, ...] = (),
+) -> SupervisorConfig:
+    """Merge the layers and validate. ``cli`` holds flag values (None = not given)."""
+    environ = os.environ if environ is None else environ
+    if config_file is None and environ.get("SUPERVISE_CONFIG"):
+        config_file = Path(environ["SUPERVISE_CONFIG"])
+    layers: list[tuple[str, dict[str, Any]]] = []
+    if config_file is not None:
+        layers.append((str(config_file), read_yaml(config_file)))
+    layers.append(("environment", env_overrides(environ)))
+    flags: dict[str, Any] = {k: v for k, v in (cli or {}).items() if v is not None}
+    for item in sets:
+        if "=" not in item:
+            raise ConfigError("--set", item, "expected KEY=VALUE, e.g. budget.max_total_restarts=5")
+        key, _, raw = item.partition("=")
+        _set_dotted(flags, key.strip(), _parse_scalar(raw))
+    layers.append(("command line", flags))
+
+    merged: dict[str, Any] = {}
+    for source, layer in layers:
+        # Validate each layer on its own so the error names where the bad value came from.
+        _build_dataclass(SupervisorConfig, _deep_merge(merged, layer), "", source)
+        merged = _deep_merge(merged, layer)
+    cfg = _build_dataclass(SupervisorConfig, merged, "", "")
+    _validate(cfg)
+    return cfg
+
+
+def render_yaml(cfg: SupervisorConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False, default_flow_style=False)

@@ -1,0 +1,71 @@
+"""The enums of the supervisor's state spaces, one each. Stdlib only; a leaf module.
+
+The ``str`` mixin lets values go into the JSON event log and YAML config unchanged.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class FailureClass(str, Enum):
+    """How an attempt ended, judged from the first failure in its output (DESIGN.md §7)."""
+
+    COMPLETED = "completed"  # exit 0: training finished
+    # Transient native or GPU-kernel faults: a restart in place usually gets past them.
+    NATIVE_CRASH = "native_crash"  # SIGSEGV / SIGBUS / SIGILL / SIGFPE / SIGABRT
+    ILLEGAL_MEMORY_ACCESS = "illegal_memory_access"
+    CUDA_LAUNCH_FAILURE = "cuda_launch_failure"  # unspecified launch failure, misaligned address
+    NCCL_ERROR = "nccl_error"  # NCCL errors and watchdog timeouts
+    HANG = "hang"  # no progress for stall_timeout; killed by the supervisor
+    # The node or its hardware is at fault: come back elsewhere.
+    HARDWARE_FAULT = "hardware_fault"  # ECC, Xid, CUDA unknown error, fallen off the bus, IB errors
+    SHM_EXHAUSTED = "shm_exhausted"  # SIGBUS / bus error from a full /dev/shm
+    NODE_FAILURE = "node_failure"
+    # A human must act: restarting reproduces it.
+    DEVICE_ASSERT = "device_assert"
+    CUDA_OOM = "cuda_oom"
+    HOST_OOM = "host_oom"
+    PYTHON_EXCEPTION = "python_exception"
+    # The scheduler took the allocation away.
+    PREEMPTED = "preempted"
+    TIME_LIMIT = "time_limit"
+    CANCELLED = "cancelled"  # scancel / Ctrl-C by a person: respect it
+    KILLED = "killed"  # SIGKILL from an unknown source
+    UNKNOWN = "unknown"
+
+
+class Action(str, Enum):
+    """What to do after an attempt ends. Exactly these three (issue 4)."""
+
+    RESTART = "restart"  # relaunch the child in place, in the same allocation
+    REQUEUE = "requeue"  # give the allocation back; come back through Slurm or the resubmission loop
+    STOP = "stop"  # a human must act
+
+
+class RunOutcome(str, Enum):
+    """How ``supervise run`` ended; mapped to an exit code in the CLI."""
+
+    COMPLETE = "complete"
+    STOPPED = "stopped"  # policy or budget said stop
+    FAILED = "failed"  # ran once, child failed, no restart configured
+    REQUEUE = "requeue"  # handed over to Slurm / resubmission
+    INTERRUPTED = "interrupted"  # the user interrupted the supervisor
+
+
+class SaveDecision(str, Enum):
+    """Arbitration of a stop notice against checkpoint saves (DESIGN.md §5)."""
+
+    BLOCK = "block"  # let the in-flight save finish, then stop
+    ABORT = "abort"  # stop the writer now; the previous checkpoint stays intact
+    EMERGENCY_SAVE = "emergency_save"  # ask for one save, then stop
+    STOP_NOW = "stop_now"
+
+
+class Verdict(str, Enum):
+    """A checkpoint's validation verdict."""
+
+    VALID = "valid"
+    CORRUPT = "corrupt"  # torn, truncated, CRC mismatch: quarantine
+    UNVERIFIABLE = "unverifiable"  # cannot be proven either way (all-zero CRCs, unknown format)
+    IN_PROGRESS = "in_progress"  # still being written; neither use nor quarantine
