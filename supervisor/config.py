@@ -89,6 +89,9 @@ class PreemptionConfig:
     emergency_save: bool = True  # ask a client for a save when none is in flight and one fits
     requeue: str = "auto"  # auto | always | never: scontrol requeue when Slurm will not
     requeue_on_time_limit: bool = True
+    time_limit_signal: str | None = "USR1"  # the signal of `#SBATCH --signal=B:USR1@N`: a time-limit warning
+    time_limit_warning: float | None = None  # its N (seconds before the limit), when no EndTime is readable
+    unknown_save_s: float = 60.0  # assumed save duration before any save was measured
 
 
 @dataclass(frozen=True)
@@ -287,6 +290,9 @@ def _validate(cfg: SupervisorConfig) -> None:
         raise ConfigError("budget.on_resume_mismatch", cfg.budget.on_resume_mismatch, "allowed: stop, warn")
     if cfg.preemption.requeue not in ("auto", "always", "never"):
         raise ConfigError("preemption.requeue", cfg.preemption.requeue, "allowed: auto, always, never")
+    limit_sig = cfg.preemption.time_limit_signal
+    if limit_sig and limit_sig.upper().removeprefix("SIG") not in _SIGNAL_NAMES:
+        raise ConfigError("preemption.time_limit_signal", limit_sig, f"allowed: {', '.join(sorted(_SIGNAL_NAMES))}")
     for sig in cfg.preemption.signals:
         if sig.upper().removeprefix("SIG") not in _SIGNAL_NAMES:
             raise ConfigError("preemption.signals", sig, f"allowed: {', '.join(sorted(_SIGNAL_NAMES))}")

@@ -44,6 +44,7 @@ class Ev(str, Enum):
     LOSS_ANOMALY = "loss_anomaly"
     CONTROL_DROPPED = "control_dropped"  # messages without the token, malformed, oversized
     PREFLIGHT = "preflight"
+    DETERMINISM = "determinism"  # what the client reports of torch determinism settings
     WARNING = "warning"
 
 

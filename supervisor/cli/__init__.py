@@ -17,6 +17,7 @@ _COMMAND_MODULES = (
     "report_cmds",  # supervise report, supervise status
     "submit_cmd",  # supervise submit
     "gpu_cmd",  # supervise check-gpu
+    "demo_cmd",  # supervise demo
 )
 
 EXIT_CODES_HELP = """\b

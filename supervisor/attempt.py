@@ -1,0 +1,98 @@
+"""What the supervisor knows about the attempt in progress: steps, saves, notices, clients.
+
+Plain state updated by the run loop from the child's output, control messages and directory
+watching. No I/O here; the loop reads it to decide and to write ``attempt_end``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .preemption import InFlightSave, Notice
+
+
+@dataclass
+class SaveRecord:
+    step: int | None
+    path: str
+    bytes: int | None
+    duration: float | None
+    ok: bool
+    source: str
+    at: float  # when the save ended
+
+
+@dataclass
+class AttemptState:
+    """Mutable facts about one attempt, from its start to its end."""
+
+    attempt: int
+    started_at: float
+    resume_path: str | None = None
+    resume_step: int | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    last_step_at: float | None = None
+    step_source: str | None = None  # "client" once any heartbeat arrived, else "regex"
+    reported_resume_step: int | None = None  # client.resumed(step)
+    resume_checked: bool = False
+    saves: list[SaveRecord] = field(default_factory=list)
+    in_flight: InFlightSave | None = None
+    notice: Notice | None = None
+    stop_requested_at: float | None = None
+    stop_deadline: float | None = None  # kill the child if still alive then
+    blocking_until: float | None = None  # waiting for an in-flight save to finish
+    emergency_save_until: float | None = None
+    term_sent_at: float | None = None
+    aborted_save: bool = False
+    hang: bool = False
+    cancelled: bool = False  # a person interrupted (SIGINT)
+    stopped_reason: str | None = None  # the supervisor itself ended the attempt (mismatch, loss)
+    clients: set[tuple[str, int]] = field(default_factory=set)
+    client_done: bool = False  # the client said training is complete
+    nodes: set[str] = field(default_factory=set)
+    determinism: dict[str, Any] = field(default_factory=dict)
+    slowdown_active: bool = False
+    last_progress_event_at: float = 0.0
+    next_stop_broadcast: float = 0.0
+
+    def observe_step(self, step: int, now: float, source: str) -> bool:
+        """Record a step report; client reports win over regex matches once seen.
+
+        Returns True when this is the first step of the attempt (time for the resume audit).
+        """
+        if source == "regex" and self.step_source == "client":
+            return False
+        if source == "client" and self.step_source != "client":
+            self.step_source = "client"
+        elif self.step_source is None:
+            self.step_source = source
+        first = self.first_step is None
+        if first:
+            self.first_step = step
+        self.last_step = step if self.last_step is None else max(self.last_step, step)
+        self.last_step_at = now
+        return first
+
+    @property
+    def last_durable_step(self) -> int | None:
+        """The newest step known to be on disk whole: the last good save, else the resume point."""
+        for save in reversed(self.saves):
+            if save.ok and save.step is not None:
+                return save.step
+        return self.resume_step
+
+    def steps_lost(self) -> int | None:
+        """Last step seen minus the last durable step; with no checkpoint at all, every step seen."""
+        if self.last_step is None:
+            return None
+        durable = self.last_durable_step
+        return max(self.last_step - (durable or 0), 0)
+
+    def wall_lost(self, ended_at: float) -> float:
+        """Seconds of work since the last durable save (or since the attempt started)."""
+        for save in reversed(self.saves):
+            if save.ok and save.step is not None:
+                return max(ended_at - save.at, 0.0)
+        return max(ended_at - self.started_at, 0.0)

@@ -1,0 +1,357 @@
+"""The validation ladder for single-file checkpoints: torch zip, torch legacy, safetensors and
+plain pickles. Reads a few hundred bytes plus the (small) pickle up to L3; L4 reads everything.
+Never unpickles for real: pickles are walked by :mod:`.picklescan`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import zlib
+from typing import Any
+
+from . import formats as F
+from .outcome import Outcome, corrupt, unverifiable, valid
+from .picklescan import (
+    STEP_KEYS,
+    Call,
+    PersistentRef,
+    PickleScan,
+    PickleScanError,
+    as_mapping,
+    embedded_epoch,
+    embedded_step,
+    find_value,
+    is_tensor,
+    scan_pickle,
+)
+from .zipcheck import (
+    ZipCheckError,
+    ZipIndex,
+    cached_crc_check,
+    crc_cache_key,
+    pread_exact,
+    read_entry,
+    read_index,
+    read_trailer,
+)
+
+MAX_PICKLE_BYTES = 1 << 30  # a data.pkl or plain pickle larger than this is scanned only with deep
+# Scalars copied out of a checkpoint's top-level mapping (DeepSpeed world sizes, steps, versions).
+_FACT_TYPES = (int, str, float, bool)
+
+
+def check_file(path: str, *, deep: bool = False, max_level: int = 3) -> Outcome:
+    """Run the ladder on one regular file (L1..``max_level``; L4 too when ``deep``).
+
+    Raises OSError only when the file cannot be opened (missing, permission denied)."""
+    with open(path, "rb", buffering=0) as handle:
+        fd = handle.fileno()
+        st = os.fstat(fd)
+        head = pread_exact(fd, F.HEAD_BYTES, 0)
+        fmt = F.sniff_bytes(head, os.path.basename(path))
+        if fmt == F.EMPTY:
+            return corrupt(F.EMPTY, 0, "empty file (0 bytes): the save never wrote data")
+        if fmt == F.TORCH_ZIP:
+            return check_torch_zip(fd, st.st_size, deep=deep, max_level=max_level,
+                                   cache_key=crc_cache_key(path, st) if deep else None)
+        if fmt == F.TORCH_LEGACY:
+            return check_torch_legacy(handle, st.st_size, max_level=max_level)
+        if fmt == F.SAFETENSORS:
+            return check_safetensors(fd, st.st_size, max_level=max_level)
+        if fmt == F.PICKLE:
+            if max_level < 2:
+                return valid(F.PICKLE, 1, "plain pickle (not scanned at this level)")
+            return check_plain_pickle(handle, st.st_size, deep=deep)
+        if fmt == F.ZEROED:
+            return corrupt(F.ZEROED, 1, "zero-filled start (size kept, data never written)")
+        if fmt == F.TEXT:
+            return corrupt(F.TEXT, 1, _text_reason(head))
+        return unverifiable(F.UNKNOWN, 1, f"unknown format (first bytes {head[:8].hex()})")
+
+
+def _text_reason(head: bytes) -> str:
+    text = head.decode("utf-8", "replace")
+    if text.startswith("version https://git-lfs"):
+        return "a git-lfs pointer file, not the checkpoint itself"
+    first = text.splitlines()[0][:40] if text.strip() else ""
+    return f"a text file, not a checkpoint (starts {first!r})"
+
+
+# ---------------------------------------------------------------------------- torch zip
+
+
+def check_torch_zip(
+    fd: int, size: int, *, base: int = 0, deep: bool = False, max_level: int = 3,
+    cache_key: tuple | None = None,
+) -> Outcome:
+    """L1 trailer, L2 central directory, L3 inert data.pkl scan, L4 CRC (``deep``)."""
+    fmt = F.TORCH_ZIP
+    try:
+        trailer = read_trailer(fd, base, size)
+        if max_level < 2:
+            return valid(fmt, 1, "zip trailer intact")
+        index = read_index(fd, base, size, trailer)
+        pkl = index.get("data.pkl")
+        if pkl is None:
+            return unverifiable(F.ZIP, 2, "a zip archive without data.pkl: not a torch.save file")
+        _check_alignment(fd, base, index)
+        if max_level < 3:
+            return valid(fmt, 2, f"zip index intact ({len(index.entries)} entries)")
+        scan = _scan_data_pkl(fd, base, index, pkl, deep)
+        if isinstance(scan, Outcome):
+            return scan
+        problem = _storage_problem(index, scan)
+        if problem:
+            return corrupt(fmt, 3, problem)
+        facts = top_level_facts(scan.root)
+        step, epoch = embedded_step(scan.root), embedded_epoch(scan.root)
+        if step is None:  # 'step': torch.tensor(1200) -- read the 8 bytes, still without unpickling
+            tensor = find_value(scan.root, STEP_KEYS, is_tensor, depth=0)
+            step = read_tensor_int(fd, base, index, tensor) if tensor is not None else None
+        summary = f"{len(index.entries)} entries, {len(scan.storages)} tensor storages"
+        if not deep:
+            crc_note = "" if index.crc_present else "; no CRC32 recorded"
+            return valid(fmt, 3, f"structure intact ({summary}){crc_note}",
+                         embedded_step=step, epoch=epoch, facts=facts)
+        crc = cached_crc_check(fd, base, index, cache_key) if cache_key else None
+        if crc is None:
+            from .zipcheck import crc_check
+
+            crc = crc_check(fd, base, index)
+        if not crc.verifiable:
+            return unverifiable(fmt, 4, f"structure intact ({summary}); {crc.reason}",
+                                embedded_step=step, epoch=epoch, facts=facts)
+        if not crc.ok:
+            return corrupt(fmt, 4, crc.reason, embedded_step=step, epoch=epoch, facts=facts)
+        return valid(fmt, 4, f"{summary}; {crc.reason}", embedded_step=step, epoch=epoch, facts=facts)
+    except ZipCheckError as exc:
+        return corrupt(fmt, exc.level, exc.reason)
+
+
+def _check_alignment(fd: int, base: int, index: ZipIndex) -> None:
+    """Torch aligns every ``data/`` record to ``.storage_alignment`` (64) so it can be mmapped."""
+    entry = index.get(".storage_alignment")
+    if entry is None or entry.size > 16:
+        return
+    try:
+        alignment = int(read_entry(fd, base, entry).decode("ascii").strip())
+    except (ValueError, UnicodeDecodeError):
+        raise ZipCheckError(2, "unreadable .storage_alignment record") from None
+    if alignment <= 0:
+        return
+    data_prefix = f"{index.prefix}/data/"
+    for record in index.entries:
+        if record.name.startswith(data_prefix) and record.data_offset % alignment:
+            raise ZipCheckError(2, f"{record.name!r} is not {alignment}-byte aligned")
+
+
+def _scan_data_pkl(fd: int, base: int, index: ZipIndex, pkl: Any, deep: bool) -> PickleScan | Outcome:
+    if pkl.size > MAX_PICKLE_BYTES and not deep:
+        return unverifiable(F.TORCH_ZIP, 3, f"data.pkl is {pkl.size} bytes: scanned only with --deep")
+    data = read_entry(fd, base, pkl, limit=max(pkl.size, 1))
+    if index.crc_present and zlib.crc32(data) != pkl.crc:
+        return corrupt(F.TORCH_ZIP, 3, "data.pkl CRC32 mismatch: the pickle is damaged")
+    try:
+        return scan_pickle(data)
+    except PickleScanError as exc:
+        return corrupt(F.TORCH_ZIP, 3, f"data.pkl: {exc}")
+
+
+def _storage_problem(index: ZipIndex, scan: PickleScan) -> str | None:
+    """Every tensor storage the pickle names must have its ``data/<key>`` record, big enough."""
+    for ref in scan.storages:
+        entry = index.get(f"data/{ref.key}")
+        if entry is None:
+            return f"tensor storage data/{ref.key} named in data.pkl is missing"
+        need = ref.nbytes
+        if need is not None and entry.size < need:
+            return f"data/{ref.key} holds {entry.size} bytes, its tensor needs {need}"
+    return None
+
+
+def top_level_facts(root: Any) -> dict[str, Any]:
+    """Plain scalars of the top-level mapping, plus the few nested ones validators need."""
+    mapping = as_mapping(root) or {}
+    facts = {k: v for k, v in mapping.items() if isinstance(k, str) and isinstance(v, _FACT_TYPES)}
+    ds_config = as_mapping(mapping.get("ds_config"))
+    zero = as_mapping(ds_config.get("zero_optimization")) if ds_config else None
+    if zero and isinstance(zero.get("stage"), int):
+        facts["zero_stage"] = zero["stage"]
+    optim = as_mapping(mapping.get("optimizer_state_dict"))
+    if optim:
+        for key in ("zero_stage", "partition_count"):
+            value = optim.get(key)
+            if isinstance(value, int) or (isinstance(value, list) and all(isinstance(v, int) for v in value)):
+                facts[key] = value
+    return facts
+
+
+# ---------------------------------------------------------------------------- torch legacy
+
+
+def check_torch_legacy(handle: Any, size: int, *, max_level: int = 3) -> Outcome:
+    """Five pickles back to back (magic, protocol, sys_info, object, storage keys), then for each
+    key an int64 element count and the raw bytes; EOF must land exactly after the last one.
+    There is no checksum: a zero-filled payload cannot be detected."""
+    fmt = F.TORCH_LEGACY
+    handle.seek(0)
+    try:
+        scans = [scan_pickle(handle) for _ in range(5)]
+    except PickleScanError as exc:
+        return corrupt(fmt, 2, f"pickle header: {exc}")
+    magic, protocol, sys_info, obj, keys = (s.root for s in scans)
+    if magic != 0x1950A86A20F9469CFC6C or protocol != 1001:
+        return corrupt(fmt, 2, "legacy torch header damaged (magic or protocol number)")
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        return corrupt(fmt, 2, "legacy storage key list damaged")
+    step, epoch = embedded_step(obj), embedded_epoch(obj)
+    facts = top_level_facts(obj)
+    if max_level < 3:
+        return valid(fmt, 2, "legacy pickles intact", embedded_step=step, epoch=epoch, facts=facts)
+    info = as_mapping(sys_info) or {}
+    order = "little" if info.get("little_endian", True) else "big"
+    itemsize = {}
+    for ref in scans[3].storages:
+        itemsize.setdefault(ref.key, ref.itemsize)
+    pos = sum(s.end for s in scans)
+    fd = handle.fileno()
+    for key in keys:
+        if itemsize.get(key) is None:
+            return unverifiable(fmt, 3, f"storage {key} has an unknown element type", embedded_step=step)
+        raw = pread_exact(fd, 8, pos)
+        if len(raw) < 8:
+            return corrupt(fmt, 3, f"truncated: storage {key} starts past the end of the file")
+        numel = int.from_bytes(raw, order, signed=True)
+        pos += 8 + numel * itemsize[key]
+        if numel < 0 or pos > size:
+            return corrupt(fmt, 3, f"truncated: storage {key} needs {pos - size} more bytes")
+    if pos != size:
+        return corrupt(fmt, 3, f"{size - pos} unexpected bytes after the last storage")
+    return valid(fmt, 3, f"{len(keys)} storages, sizes add up to the file size (format has no checksum)",
+                 embedded_step=step, epoch=epoch, facts=facts)
+
+
+# ---------------------------------------------------------------------------- safetensors
+
+_SAFETENSORS_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
+    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
+    "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+
+def check_safetensors(fd: int, size: int, *, max_level: int = 3) -> Outcome:
+    """8-byte header length, JSON header, then the byte buffer, which must be covered exactly
+    (contiguous spans of ``numel*itemsize``). The format has no checksum."""
+    fmt = F.SAFETENSORS
+    if size < 8:
+        return corrupt(fmt, 1, f"truncated: {size} bytes, shorter than the 8-byte header length")
+    (header_len,) = struct.unpack("<Q", pread_exact(fd, 8, 0))
+    if header_len == 0 and size >= 8 and pread_exact(fd, 8, 8).count(0) == min(8, size - 8):
+        return corrupt(fmt, 1, "zero-filled start (size kept, data never written)")
+    if header_len > F.MAX_SAFETENSORS_HEADER:
+        return corrupt(fmt, 1, f"header length {header_len} is implausible (damaged start)")
+    if 8 + header_len > size:
+        return corrupt(fmt, 1, f"truncated: header needs {8 + header_len} bytes, file has {size}")
+    if max_level < 2:
+        return valid(fmt, 1, "header length plausible")
+    raw = pread_exact(fd, header_len, 8)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return corrupt(fmt, 2, "JSON header unreadable (damaged or zero-filled)")
+    if not isinstance(header, dict):
+        return corrupt(fmt, 2, "JSON header is not an object")
+    meta = header.pop("__metadata__", None)
+    step = _int_from_meta(meta, ("global_step", "step", "iteration"))
+    problem = _safetensors_span_problem(header, size - 8 - header_len)
+    if problem:
+        return corrupt(fmt, 3, problem, embedded_step=step)
+    return valid(fmt, 3, f"{len(header)} tensors cover the file exactly (format has no checksum)",
+                 embedded_step=step)
+
+
+def _safetensors_span_problem(header: dict, buffer_len: int) -> str | None:
+    spans = []
+    for name, info in header.items():
+        try:
+            begin, end = info["data_offsets"]
+            shape = info["shape"]
+            dtype = info["dtype"]
+        except (TypeError, KeyError, ValueError):
+            return f"tensor {name!r}: header entry damaged"
+        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
+            return f"tensor {name!r}: bad data offsets"
+        bits = _SAFETENSORS_BITS.get(dtype)
+        if bits is not None and isinstance(shape, list) and all(isinstance(d, int) for d in shape):
+            need = (math.prod(shape) * bits + 7) // 8
+            if end - begin != need:
+                return f"tensor {name!r}: {end - begin} bytes, {dtype}{shape} needs {need}"
+        spans.append((begin, end, name))
+    spans.sort()
+    cursor = 0
+    for begin, end, name in spans:
+        if begin != cursor:
+            return f"tensor {name!r} does not follow the previous one (hole or overlap at {cursor})"
+        cursor = end
+    if cursor > buffer_len:
+        return f"truncated: tensors need {cursor} data bytes, file has {buffer_len}"
+    if cursor < buffer_len:
+        return f"{buffer_len - cursor} bytes after the last tensor (appended data?)"
+    return None
+
+
+def _int_from_meta(meta: Any, keys: tuple[str, ...]) -> int | None:
+    if not isinstance(meta, dict):
+        return None
+    for key in keys:
+        value = meta.get(key)
+        if isinstance(value, str) and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+# ---------------------------------------------------------------------------- plain pickle
+
+
+def check_plain_pickle(handle: Any, size: int, *, deep: bool) -> Outcome:
+    """One or more pickles (``pickle.dump``) that must end exactly at EOF."""
+    fmt = F.PICKLE
+    if size > MAX_PICKLE_BYTES and not deep:
+        return unverifiable(fmt, 1, f"plain pickle of {size} bytes: scanned only with --deep")
+    handle.seek(0)
+    first = None
+    pos = 0
+    try:
+        while pos < size:
+            scan = scan_pickle(handle)
+            first = first or scan
+            pos += scan.end
+    except PickleScanError as exc:
+        return corrupt(fmt, 2, str(exc))
+    root = first.root if first else None
+    return valid(fmt, 3, "pickle stream complete (inert scan; no checksum)",
+                 embedded_step=embedded_step(root), epoch=embedded_epoch(root),
+                 facts=top_level_facts(root))
+
+
+def read_tensor_int(fd: int, base: int, index: ZipIndex, value: Any) -> int | None:
+    """The integer inside a one-element integer tensor (``'step': torch.tensor(5)``), read
+    from its storage record without unpickling."""
+    if not is_tensor(value) or not isinstance(value, Call) or not value.args:
+        return None
+    ref = value.args[0]
+    if not isinstance(ref, PersistentRef) or not isinstance(ref.pid, tuple) or len(ref.pid) < 5:
+        return None
+    storage_type = getattr(ref.pid[1], "name", "")
+    sizes = {"LongStorage": 8, "IntStorage": 4, "ShortStorage": 2, "CharStorage": 1, "ByteStorage": 1}
+    itemsize = sizes.get(storage_type)
+    offset = value.args[1] if len(value.args) > 1 and isinstance(value.args[1], int) else 0
+    entry = index.get(f"data/{ref.pid[2]}")
+    if itemsize is None or entry is None or entry.size < (offset + 1) * itemsize:
+        return None
+    raw = pread_exact(fd, itemsize, base + entry.data_offset + offset * itemsize)
+    return int.from_bytes(raw, "little", signed=storage_type != "ByteStorage")

@@ -1,0 +1,136 @@
+"""What a checkpoint's *name* says: its step, epoch, version, whether it is a "last" alias, and
+whether it is a temp/partial/quarantined file to ignore. Pure string functions, no I/O.
+
+Why names: the resume point is the newest checkpoint by the step number in its name, never by
+mtime (fragile on NFS, reset by copies) and never by lexical order (``step=900`` > ``step=10000``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+# Suffixes of single-file checkpoints we look at. Directories are judged by content, not suffix.
+CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".safetensors", ".tar", ".pkl", ".pickle")
+
+QUARANTINE_PREFIX = "CORRUPT_"
+NEMO_UNFINISHED_SUFFIX = "-unfinished"  # NeMo creates <name>-unfinished before a save, removes it after
+
+# Named step keys, strongest first. Each needs a separator (or the start) before the key so that
+# "timestep", "max_steps=" and friends do not count.
+_SEP = r"(?:^|[-_.=/ ])"
+_STEP_PATTERNS: tuple[re.Pattern[str], ...] = (
+    re.compile(_SEP + r"(?:global_)?steps?[=_-]?(\d+)(?!\d)", re.IGNORECASE),  # step=900, global_step1200
+    re.compile(r"^checkpoint[-_](\d+)$", re.IGNORECASE),  # HF checkpoint-1500
+    re.compile(_SEP + r"iter(?:ation)?s?[=_-]?(\d+)(?!\d)", re.IGNORECASE),  # iter_0000100, iteration=5
+    re.compile(r"^(?:model|ckpt|checkpoint|weights|state|snapshot|save)[-_=]?(\d+)$", re.IGNORECASE),
+    re.compile(r"^(\d+)$"),  # orbax-style numeric directories: 1000/
+)
+_EPOCH = re.compile(_SEP + r"epochs?[=_-]?(\d+)(?!\d)", re.IGNORECASE)
+_VERSION = re.compile(r"-v(\d+)$")  # Lightning's name-collision counter: last-v1, step=9-v2
+_LAST = re.compile(r"^(?:last|latest)(?:-v\d+)?$|[-_]last$", re.IGNORECASE)
+_TEMP = re.compile(r"\.tmp(?:$|[-_.])|\.partial$|\.incomplete$|\.part$|\.swp$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class NameInfo:
+    """The facts a checkpoint name carries. ``None`` means the name does not say."""
+
+    name: str
+    stem: str  # without checkpoint suffix and without the -vN version
+    step: int | None
+    epoch: int | None
+    version: int  # 0 when no -vN
+    is_last: bool  # last.ckpt, last-v1.ckpt, last/, latest.pt, ...-last.ckpt
+
+
+def strip_suffix(name: str) -> str:
+    """``epoch=3-step=9500.ckpt`` -> ``epoch=3-step=9500``; names without a known suffix unchanged."""
+    lowered = name.lower()
+    for suffix in CHECKPOINT_SUFFIXES:
+        if lowered.endswith(suffix) and len(name) > len(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+@lru_cache(maxsize=16384)
+def parse_name(name: str) -> NameInfo:
+    """Step, epoch, version and last-ness from a file or directory name (no directory part)."""
+    stem = strip_suffix(name)
+    version = 0
+    match = _VERSION.search(stem)
+    if match:
+        version = int(match.group(1))
+        stem = stem[: match.start()]
+    return NameInfo(
+        name=name,
+        stem=stem,
+        step=step_from_name(name),
+        epoch=_int_or_none(_EPOCH.search(stem)),
+        version=version,
+        is_last=bool(_LAST.search(stem)),
+    )
+
+
+@lru_cache(maxsize=16384)
+def step_from_name(name: str) -> int | None:
+    """The training step a name carries, or None. ``step=900.ckpt`` -> 900,
+    ``epoch=3-step=9500-v1.ckpt`` -> 9500, ``global_step1200`` -> 1200, ``checkpoint-1500`` -> 1500,
+    ``model_00012000.pt`` -> 12000, ``ckpt_300.pt`` -> 300, ``iter_0000100`` -> 100.
+    ``epoch=3.ckpt`` and ``hpc_ckpt_3.ckpt`` (a counter) carry no step."""
+    stem = strip_suffix(name)
+    version = _VERSION.search(stem)
+    if version:
+        stem = stem[: version.start()]
+    for pattern in _STEP_PATTERNS:
+        match = pattern.search(stem)
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def is_temp_name(name: str) -> bool:
+    """A file being written right now by an atomic writer (ours: ``.<name>.tmp-<pid>-<rand>``;
+    others: ``*.tmp``, ``*.partial``, ``*.incomplete``) or a staging dir (``tmp-checkpoint-*``)."""
+    if _TEMP.search(name):
+        return True
+    lowered = name.lower()
+    return lowered.startswith(("tmp-checkpoint-", "tmp_checkpoint-")) or lowered.endswith(
+        NEMO_UNFINISHED_SUFFIX
+    )
+
+
+def final_name_of_temp(name: str) -> str | None:
+    """The checkpoint a temp name will become, when the name says it: ``.step=9.ckpt.tmp-12-ab``
+    -> ``step=9.ckpt``; ``x.ckpt.tmp`` -> ``x.ckpt``; ``x.ckpt-unfinished`` -> ``x.ckpt``."""
+    if name.endswith(NEMO_UNFINISHED_SUFFIX):
+        return name[: -len(NEMO_UNFINISHED_SUFFIX)] or None
+    match = _TEMP.search(name)
+    if not match:
+        return None
+    base = name[: match.start()]
+    if base.startswith("."):
+        base = base[1:]
+    if not has_checkpoint_suffix(base) and has_checkpoint_suffix(base.rsplit(".", 1)[0]):
+        base = base.rsplit(".", 1)[0]  # mkstemp-style ".<name>.<random>.tmp"
+    return base or None
+
+
+def is_ignored_name(name: str) -> bool:
+    """Entries that are never checkpoint candidates: temp and partial files, hidden files,
+    quarantined ``CORRUPT_*`` entries and their ``.json`` sidecars, NeMo ``-unfinished`` markers,
+    JSON/YAML/text/log sidecars."""
+    if not name or name.startswith(".") or name.startswith(QUARANTINE_PREFIX):
+        return True
+    if is_temp_name(name):
+        return True
+    return name.lower().endswith((".json", ".yaml", ".yml", ".txt", ".log", ".lock", ".py", ".md"))
+
+
+def has_checkpoint_suffix(name: str) -> bool:
+    return name.lower().endswith(CHECKPOINT_SUFFIXES)
+
+
+def _int_or_none(match: re.Match[str] | None) -> int | None:
+    return int(match.group(1)) if match else None

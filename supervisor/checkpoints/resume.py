@@ -1,0 +1,97 @@
+"""Which checkpoint to resume from: a pure decision over validation reports.
+
+The rule, in order:
+
+1. Every CORRUPT report goes to ``to_quarantine``. IN_PROGRESS and UNVERIFIABLE ones never do.
+2. *Usable* = VALID, or UNVERIFIABLE where something was read (level >= 1) and nothing proved it
+   damaged (all-zero CRCs, an unknown format, a step mismatch). A symlink leaving the checkpoint
+   dir is never usable.
+3. Among usable candidates with a known step (the step in the name; for ``last.ckpt`` and other
+   names without one, the embedded step or the step in the name of the file a symlink points
+   to), the highest step wins. Never mtime, never lexical order. On equal steps: VALID beats
+   UNVERIFIABLE, a step-named checkpoint beats a ``last`` alias (its name is immutable; ``last``
+   is rewritten by the next save), then the higher ``-vN`` version. So an UNVERIFIABLE checkpoint
+   is chosen only when no VALID one is as new, and ``last.ckpt`` only when it is valid and newer
+   than every step checkpoint.
+4. When no usable candidate has a step, a single ``last``-style alias (``last.ckpt``,
+   ``latest.pt``; the highest ``-vN``) is chosen; other step-less files are never guessed at.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..states import Verdict
+from .validate import CheckpointReport
+
+
+@dataclass(frozen=True)
+class ResumeDecision:
+    path: str | None
+    step: int | None
+    reason: str
+    candidates: tuple[CheckpointReport, ...]  # newest first by step; step-less ones last
+    to_quarantine: tuple[CheckpointReport, ...]
+    chosen: CheckpointReport | None = None
+
+
+def is_usable(report: CheckpointReport) -> bool:
+    if report.link_outside:
+        return False
+    if report.verdict is Verdict.VALID:
+        return True
+    return report.verdict is Verdict.UNVERIFIABLE and report.level >= 1
+
+
+def _rank(report: CheckpointReport) -> tuple:
+    return (report.step, report.verdict is Verdict.VALID, not report.is_last, report.version, report.path)
+
+
+def order_candidates(reports: Sequence[CheckpointReport]) -> tuple[CheckpointReport, ...]:
+    """Newest first by step (never mtime); step-less ones last, by name."""
+    stepped = sorted((r for r in reports if r.step is not None), key=_rank, reverse=True)
+    stepless = sorted((r for r in reports if r.step is None), key=lambda r: r.path)
+    return tuple(stepped + stepless)
+
+
+def choose_resume_point(reports: Sequence[CheckpointReport]) -> ResumeDecision:
+    """Apply the module's rule to one directory's reports."""
+    candidates = order_candidates(reports)
+    to_quarantine = tuple(r for r in candidates if r.verdict is Verdict.CORRUPT and not r.link_outside)
+    usable = [r for r in candidates if is_usable(r)]
+    stepped = [r for r in usable if r.step is not None]
+    if stepped:
+        chosen = max(stepped, key=_rank)
+        return ResumeDecision(chosen.path, chosen.step, _explain(chosen, candidates), candidates,
+                              to_quarantine, chosen)
+    aliases = [r for r in usable if r.is_last]
+    if aliases:
+        chosen = max(aliases, key=lambda r: (r.verdict is Verdict.VALID, r.version, r.path))
+        return ResumeDecision(chosen.path, None,
+                              f"{chosen.name}: {chosen.verdict.value} 'last' checkpoint, step unknown "
+                              "(no step in any usable checkpoint)", candidates, to_quarantine, chosen)
+    return ResumeDecision(None, None, _nothing_reason(candidates), candidates, to_quarantine)
+
+
+def _explain(chosen: CheckpointReport, candidates: tuple[CheckpointReport, ...]) -> str:
+    kind = "valid" if chosen.verdict is Verdict.VALID else f"unverifiable ({chosen.reason}) but no valid one is as new"
+    parts = [f"{chosen.name} at step {chosen.step}: newest {kind}"]
+    skipped = [r for r in candidates if r.step is not None and r.step >= chosen.step and r is not chosen
+               and not (is_usable(r) and r.step == chosen.step)]
+    if skipped:
+        parts.append("skipped " + "; ".join(f"{r.name} ({r.verdict.value}: {r.reason})" for r in skipped[:5]))
+    return ". ".join(parts)
+
+
+def _nothing_reason(candidates: tuple[CheckpointReport, ...]) -> str:
+    if not candidates:
+        return "no checkpoints found"
+    counts: dict[str, int] = {}
+    for report in candidates:
+        counts[report.verdict.value] = counts.get(report.verdict.value, 0) + 1
+    summary = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items()))
+    stepless = [r for r in candidates if is_usable(r) and r.step is None]
+    hint = (f"; {len(stepless)} usable checkpoint(s) carry no step number and are not guessed at "
+            "(put step=N in the name or save global_step)") if stepless else ""
+    return f"no usable checkpoint among {len(candidates)} ({summary}){hint}"

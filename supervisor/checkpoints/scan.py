@@ -1,0 +1,209 @@
+"""I/O around the resume decision: list a checkpoint dir, validate, choose, quarantine.
+
+:func:`find_resume_point` is what the run loop calls before each attempt. Its result carries
+everything the ``resume_point`` and ``quarantine`` events need.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..states import Verdict
+from . import formats as F
+from .naming import has_checkpoint_suffix, is_ignored_name, parse_name
+from .quarantine import QuarantineRecord, quarantine as quarantine_checkpoint, quarantine_tag as default_tag
+from .resume import ResumeDecision, choose_resume_point
+from .validate import CheckpointReport, validate
+
+# A CORRUPT verdict on anything modified more recently than this is reported IN_PROGRESS and
+# left alone: a writer (or a stale NFS attribute cache) may not be done with it.
+DEFAULT_QUIET_S = 2.0
+
+
+def list_candidates(ckpt_dir: str | os.PathLike[str]) -> list[str]:
+    """Checkpoint candidates directly in ``ckpt_dir`` (symlinks listed, never followed):
+    files with a checkpoint suffix, directories whose name carries a step or a suffix or
+    that hold a known directory format. Temp, hidden, quarantined and sidecar names are skipped."""
+    root = os.fspath(ckpt_dir)
+    out = []
+    with os.scandir(root) as entries:
+        for entry in entries:
+            name = entry.name
+            if is_ignored_name(name):
+                continue
+            info = parse_name(name)
+            named = has_checkpoint_suffix(name) or info.step is not None or info.is_last
+            if entry.is_symlink():
+                keep = named
+            elif entry.is_dir(follow_symlinks=False):
+                keep = named or F.detect_dir(entry.path) not in (F.DIRECTORY, F.UNKNOWN)
+            elif entry.is_file(follow_symlinks=False):
+                keep = has_checkpoint_suffix(name)
+            else:
+                keep = False
+            if keep:
+                out.append(os.path.join(root, name))
+    return sorted(out)
+
+
+def scan(
+    ckpt_dir: str | os.PathLike[str],
+    deep: bool = False,
+    *,
+    now: float | None = None,
+    quiet_s: float = 0.0,
+) -> list[CheckpointReport]:
+    """Validate every candidate in ``ckpt_dir``; newest first by step."""
+    from .resume import order_candidates
+
+    reports = []
+    for path in list_candidates(ckpt_dir):
+        try:
+            reports.append(validate(path, deep, confine_to=ckpt_dir, now=now, quiet_s=quiet_s))
+        except FileNotFoundError:  # removed between listing and checking (rotation)
+            continue
+    return list(order_candidates(reports))
+
+
+@dataclass(frozen=True)
+class ResumeResult:
+    """Outcome of :func:`find_resume_point`: the choice, every candidate, what was quarantined."""
+
+    ckpt_dir: str
+    path: str | None
+    step: int | None
+    reason: str
+    candidates: tuple[dict[str, Any], ...]
+    quarantined: tuple[QuarantineRecord, ...] = ()
+    reports: tuple[CheckpointReport, ...] = field(default=(), repr=False)
+    chosen: CheckpointReport | None = field(default=None, repr=False)
+    deep_checked: tuple[str, ...] = ()  # paths CRC-checked (L4) while confirming the choice
+
+    @property
+    def found(self) -> bool:
+        return self.path is not None
+
+    def event_fields(self) -> dict[str, Any]:
+        """Fields of the ``resume_point`` event (the caller adds ``attempt``)."""
+        return {
+            "path": self.path,
+            "step": self.step,
+            "reason": self.reason,
+            "candidates": list(self.candidates),
+            "quarantined": [q.path for q in self.quarantined if q.ok],
+            "quarantine_failed": [q.path for q in self.quarantined if not q.ok],
+        }
+
+    def quarantine_events(self) -> list[dict[str, Any]]:
+        """One ``quarantine`` event's fields per torn candidate (moved or not)."""
+        return [q.to_event() for q in self.quarantined]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.event_fields()
+        data["ckpt_dir"] = self.ckpt_dir
+        data["quarantined"] = self.quarantine_events()
+        data["deep_checked"] = list(self.deep_checked)
+        return data
+
+
+def find_resume_point(
+    ckpt_dir: str | os.PathLike[str],
+    *,
+    quarantine: bool = False,
+    quarantine_tag: str | None = None,
+    deep_confirm: bool = False,
+    now: float | None = None,
+    quiet_s: float = DEFAULT_QUIET_S,
+) -> ResumeResult:
+    """Validate ``ckpt_dir``, choose the resume point, and with ``deep_confirm`` CRC-check (L4)
+    the chosen one, falling back to the next candidate while the check finds damage. With
+    ``quarantine``, every CORRUPT candidate is renamed aside. Never raises for a missing dir or a
+    read-only filesystem: the result says so.
+
+    Cost stays flat with the number of checkpoints: step checkpoints are checked newest first
+    (L0-L3) down to the first usable one; older ones only get the L1 framing check, which still
+    finds the truncated ones to quarantine. ``last``-style and step-less names always get L0-L3
+    (their step is inside)."""
+    root = os.fspath(ckpt_dir)
+    now = time.time() if now is None else now
+    if not os.path.isdir(root):
+        what = "does not exist yet" if not os.path.lexists(root) else "is not a directory"
+        return ResumeResult(root, None, None, f"checkpoint dir {root} {what}: starting fresh", ())
+    paths = list_candidates(root)
+    known: dict[str, CheckpointReport] = {}
+    deep_checked: list[str] = []
+    while True:
+        reports = _reports_for_resume(root, paths, known, now, quiet_s)
+        decision = choose_resume_point(reports)
+        chosen = decision.chosen
+        if not deep_confirm or chosen is None or chosen.path in deep_checked:
+            break
+        deep_checked.append(chosen.path)
+        try:
+            known[chosen.path] = validate(chosen.path, True, confine_to=root, now=now, quiet_s=quiet_s)
+        except FileNotFoundError:
+            paths = [p for p in paths if p != chosen.path]
+    records: tuple[QuarantineRecord, ...] = ()
+    if quarantine and decision.to_quarantine:
+        tag = quarantine_tag or default_tag(now=now)
+        records = tuple(quarantine_checkpoint(r, root, tag, now=now) for r in decision.to_quarantine)
+    return _result(root, decision, records, deep_checked)
+
+
+def _reports_for_resume(root: str, paths: list[str], known: dict[str, CheckpointReport], now: float,
+                        quiet_s: float) -> list[CheckpointReport]:
+    """Full reports down to the first usable step checkpoint, quick (L1) ones below it."""
+    from .resume import is_usable
+
+    def full(path: str) -> CheckpointReport | None:
+        if path not in known:
+            try:
+                known[path] = validate(path, False, confine_to=root, now=now, quiet_s=quiet_s)
+            except FileNotFoundError:
+                return None
+        return known[path]
+
+    infos = [(p, parse_name(os.path.basename(p))) for p in paths]
+    named = sorted(((p, i) for p, i in infos if i.step is not None and not i.is_last),
+                   key=lambda item: (item[1].step, item[1].version, item[0]), reverse=True)
+    others = [p for p, i in infos if i.step is None or i.is_last]
+    reports = [r for r in map(full, others) if r is not None]
+    anchor_step: int | None = None
+    for path, info in named:
+        if anchor_step is None or info.step == anchor_step:
+            report = full(path)
+            if report is not None and anchor_step is None and is_usable(report):
+                anchor_step = info.step
+        else:
+            report = _quick(path, root, now, quiet_s)
+        if report is not None:
+            reports.append(report)
+    return reports
+
+
+def _quick(path: str, root: str, now: float, quiet_s: float) -> CheckpointReport | None:
+    try:
+        return validate(path, False, confine_to=root, now=now, quiet_s=quiet_s, max_level=1)
+    except FileNotFoundError:
+        return None
+
+
+def _result(root: str, decision: ResumeDecision, records: tuple[QuarantineRecord, ...],
+            deep_checked: list[str]) -> ResumeResult:
+    reason = decision.reason
+    if decision.chosen is not None and decision.chosen.level >= 4 and decision.chosen.verdict is Verdict.VALID:
+        reason += " (CRC-confirmed)"
+    return ResumeResult(
+        ckpt_dir=root,
+        path=decision.path,
+        step=decision.step,
+        reason=reason,
+        candidates=tuple(r.brief() for r in decision.candidates),
+        quarantined=records,
+        reports=decision.candidates,
+        chosen=decision.chosen,
+        deep_checked=tuple(deep_checked),
+    )

@@ -1,0 +1,172 @@
+"""The validation ladder for one path (file, directory or symlink) -> :class:`CheckpointReport`.
+
+L0 stat (dangling or escaping symlinks, empty files, NeMo "unfinished" markers) -> L1 framing
+-> L2 index -> L3 inert pickle scan and embedded step vs name -> L4 CRC (``deep``). The format
+validators live in :mod:`.filecheck` and :mod:`.dircheck`; this module adds the rules that
+depend on the name and the surroundings.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..states import Verdict
+from . import formats as F
+from .dircheck import check_dir, dir_size_and_mtime
+from .filecheck import check_file
+from .naming import NEMO_UNFINISHED_SUFFIX, parse_name
+from .outcome import Outcome, unverifiable
+
+log = logging.getLogger("supervisor.checkpoints")
+
+
+@dataclass(frozen=True)
+class CheckpointReport:
+    """The verdict on one checkpoint. ``level`` (0..4) is the deepest level passed when VALID,
+    otherwise the level that failed or could not be done. ``step`` is the step in the name (for a
+    symlink: in its own name, else its target's), else the step embedded in the checkpoint."""
+
+    path: str
+    format: str
+    verdict: Verdict
+    level: int
+    reason: str
+    size: int
+    step: int | None
+    embedded_step: int | None = None
+    name_step: int | None = None
+    epoch: int | None = None
+    is_last: bool = False  # last.ckpt, last-v1.ckpt, latest.pt, ... (an alias, not a step name)
+    version: int = 0  # Lightning's -vN collision counter
+    is_dir: bool = False
+    link_target: str | None = None  # what a symlink points to (as written in the link)
+    link_outside: bool = False  # a symlink leaving the checkpoint dir: never followed or touched
+    mtime: float | None = None  # newest mtime inside; informational only, never used to order
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict is Verdict.VALID
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path.rstrip("/"))
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["verdict"] = self.verdict.value
+        data["ok"] = self.ok
+        return data
+
+    def brief(self) -> dict[str, Any]:
+        """The fields of a ``resume_point`` event's candidate list."""
+        return {"path": self.path, "verdict": self.verdict.value, "step": self.step,
+                "level": self.level, "format": self.format, "reason": self.reason}
+
+
+def validate(
+    path: str | os.PathLike[str],
+    deep: bool = False,
+    *,
+    confine_to: str | os.PathLike[str] | None = None,
+    now: float | None = None,
+    quiet_s: float = 0.0,
+    max_level: int = 3,
+) -> CheckpointReport:
+    """Validate one checkpoint without executing anything in it.
+
+    ``confine_to``: a symlink resolving outside this directory is reported (UNVERIFIABLE,
+    ``link_outside``) and not followed. ``quiet_s``/``now``: a CORRUPT verdict on something
+    modified less than ``quiet_s`` seconds before ``now`` becomes IN_PROGRESS (a writer may still
+    be at it, or an NFS client may see a stale size). ``max_level`` < 3 stops a file's ladder
+    early (a quick look at candidates older than the resume point; directories always get their
+    full check). Raises FileNotFoundError when ``path`` itself does not exist."""
+    raw = os.fspath(path)
+    name = os.path.basename(raw.rstrip("/")) or raw
+    info = parse_name(name)
+    st = os.lstat(raw)
+    base = dict(path=raw, name_step=info.step, is_last=info.is_last, version=info.version)
+    name_step = info.step
+    link_target = None
+    if stat.S_ISLNK(st.st_mode):
+        link_target = os.readlink(raw)
+        resolved = os.path.realpath(raw)
+        base["link_target"] = link_target
+        if confine_to is not None and not _inside(resolved, os.path.realpath(confine_to)):
+            return _report(base, unverifiable(F.SYMLINK, 0, f"symlink to {link_target} leaves the "
+                                              "checkpoint dir: not followed"), 0, None, link_outside=True)
+        try:
+            st = os.stat(raw)
+        except FileNotFoundError:
+            return _report(base, Outcome(F.SYMLINK, Verdict.CORRUPT, 0, f"dangling symlink to {link_target} "
+                                         "(target deleted, e.g. by top-k rotation)"), 0, None)
+        if name_step is None:
+            name_step = parse_name(os.path.basename(resolved)).step
+            base["name_step"] = name_step
+    if os.path.lexists(raw.rstrip("/") + NEMO_UNFINISHED_SUFFIX):
+        outcome = Outcome(F.UNKNOWN, Verdict.IN_PROGRESS, 0,
+                          f"'{name}{NEMO_UNFINISHED_SUFFIX}' marker present: the save did not finish")
+        return _report(base, outcome, st.st_size, st.st_mtime)
+    is_dir = stat.S_ISDIR(st.st_mode)
+    outcome = _run_ladder(raw, is_dir, st, deep, max_level)
+    if is_dir:
+        size, mtime = dir_size_and_mtime(raw)
+    else:
+        size, mtime = st.st_size, st.st_mtime
+    outcome = _step_rule(outcome, name_step)
+    if outcome.verdict is Verdict.VALID and max_level < 3 and not is_dir:
+        outcome = outcome.but(reason=f"{outcome.reason} (quick check: L{outcome.level} only)")
+    if outcome.verdict is Verdict.CORRUPT and quiet_s > 0 and now is not None and now - mtime < quiet_s:
+        outcome = outcome.but(verdict=Verdict.IN_PROGRESS,
+                              reason=f"modified {max(now - mtime, 0):.1f} s ago, may still be written ({outcome.reason})")
+    return _report(base, outcome, size, mtime, is_dir=is_dir, name_step=name_step)
+
+
+def _run_ladder(path: str, is_dir: bool, st: os.stat_result, deep: bool, max_level: int) -> Outcome:
+    try:
+        if is_dir:
+            return check_dir(path, deep=deep)
+        if stat.S_ISREG(st.st_mode):
+            return check_file(path, deep=deep, max_level=3 if deep else max_level)
+        return unverifiable(F.UNKNOWN, 0, "not a regular file or directory")
+    except PermissionError as exc:
+        return unverifiable(F.UNKNOWN, 0, f"cannot read: {exc.strerror} ({exc.filename or path})")
+    except FileNotFoundError as exc:
+        if not os.path.lexists(path):
+            raise
+        return unverifiable(F.UNKNOWN, 0, f"{exc.filename or 'a file'} vanished while checking (being rewritten?)")
+    except OSError as exc:
+        return unverifiable(F.UNKNOWN, 0, f"I/O error while reading: {exc.strerror or exc}")
+    except Exception as exc:  # a validator bug must not take the supervisor down
+        log.exception("checkpoint validation of %s failed unexpectedly", path)
+        return unverifiable(F.UNKNOWN, 0, f"internal error in the validator: {type(exc).__name__}: {exc}")
+
+
+def _step_rule(outcome: Outcome, name_step: int | None) -> Outcome:
+    """The step in the name and the step inside must agree. Off by one is common in hand-written
+    loops (``step`` vs ``step + 1``) and accepted; more is a file that is not what its name says."""
+    embedded = outcome.embedded_step
+    if outcome.verdict is not Verdict.VALID or name_step is None or embedded is None or embedded == name_step:
+        return outcome
+    if abs(embedded - name_step) == 1:
+        return outcome.but(reason=f"{outcome.reason}; embedded step {embedded} vs {name_step} in the name (off by one: accepted)")
+    return outcome.but(verdict=Verdict.UNVERIFIABLE,
+                       reason=f"embedded step {embedded} != step {name_step} in the name; {outcome.reason}")
+
+
+def _report(base: dict, outcome: Outcome, size: int, mtime: float | None, **extra: Any) -> CheckpointReport:
+    fields = dict(base)
+    fields.update(extra)
+    name_step = fields.get("name_step")
+    step = name_step if name_step is not None else outcome.embedded_step
+    return CheckpointReport(format=outcome.format, verdict=outcome.verdict, level=outcome.level,
+                            reason=outcome.reason, size=size, step=step,
+                            embedded_step=outcome.embedded_step, epoch=outcome.epoch, mtime=mtime,
+                            **fields)
+
+
+def _inside(resolved: str, root: str) -> bool:
+    return resolved == root or resolved.startswith(root.rstrip(os.sep) + os.sep)

@@ -1,0 +1,206 @@
+"""Zero-code save detection: watch the checkpoint dir between polls.
+
+A save is *in flight* while a temp file for it exists (``.<name>.tmp-*``, ``*.tmp``,
+``*.partial``, NeMo's ``-unfinished`` marker, DCP's ``.metadata.tmp``) or while a checkpoint's
+size/mtime/inode keeps changing between polls (``torch.save`` straight onto its final name). It
+is *complete* when the temp was renamed onto the final name, or when the checkpoint stayed
+unchanged over a whole poll interval (and, for DCP/HF dirs, its commit marker exists). The
+first/last poll times bound the save's duration; the runner logs ``save_begin``/``save_end``
+from them and learns how long saves take.
+
+Pure bookkeeping plus ``scandir``/``stat``; the clock is passed in.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from . import formats as F
+from .naming import final_name_of_temp, has_checkpoint_suffix, is_temp_name, parse_name
+
+TRACKED_DIRS = 8  # besides new and "last" dirs, only the newest step dirs are walked each poll
+
+
+@dataclass(frozen=True)
+class CompletedSave:
+    path: str
+    bytes: int
+    first_seen: float  # poll time the save was first noticed (a lower bound on its start is unknown)
+    done_at: float  # poll time it was seen complete
+
+    @property
+    def duration(self) -> float:
+        return max(self.done_at - self.first_seen, 0.0)
+
+
+@dataclass(frozen=True)
+class SaveActivity:
+    in_flight: bool
+    path: str | None = None  # the oldest save still in flight
+    bytes: int = 0
+    since: float | None = None
+    completed: tuple[CompletedSave, ...] = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class _Snap:
+    size: int
+    mtime_ns: int
+    ino: int
+    committed: bool = True  # DCP .metadata / HF trainer_state.json present
+
+
+@dataclass
+class _Active:
+    first_seen: float
+    bytes: int = 0
+    via_temp: bool = False
+
+
+@dataclass
+class DirWatcher:
+    """Call :meth:`poll` every few seconds with the current time."""
+
+    ckpt_dir: str
+    _prev: dict[str, _Snap] | None = field(default=None, init=False)
+    _temps: dict[str, str] = field(default_factory=dict, init=False)  # temp name -> final name
+    _active: dict[str, _Active] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        self.ckpt_dir = os.fspath(self.ckpt_dir)
+
+    def poll(self, now: float) -> SaveActivity:
+        snaps, temps = self._snapshot()
+        completed: list[CompletedSave] = []
+        first_poll = self._prev is None
+        prev = self._prev or {}
+        finals_with_temp = set(temps.values())
+        for temp_name, final in temps.items():
+            size = _size_of(os.path.join(self.ckpt_dir, temp_name))
+            active = self._active.setdefault(final, _Active(now, via_temp=True))
+            active.via_temp, active.bytes = True, size
+        for final in [f for f, a in self._active.items() if a.via_temp and f not in finals_with_temp]:
+            active = self._active[final]
+            snap, before = snaps.get(final), prev.get(final)
+            if snap is not None and snap != before and snap.committed:
+                completed.append(self._complete(final, snap, active, now))
+            elif snap is None or snap == before:
+                del self._active[final]  # temp removed without a rename: aborted save
+            else:
+                active.via_temp = False
+        if not first_poll:
+            for name, snap in snaps.items():
+                before = prev.get(name)
+                active = self._active.get(name)
+                if name in finals_with_temp or any(c.path.endswith(os.sep + name) for c in completed):
+                    continue
+                if snap != before:
+                    if active is None:
+                        self._active[name] = _Active(now, snap.size)
+                    else:
+                        active.bytes = snap.size
+                elif active is not None and not active.via_temp:
+                    if snap.committed:
+                        completed.append(self._complete(name, snap, active, now))
+                    else:
+                        del self._active[name]  # stopped changing without its commit marker: torn
+        for name in [n for n, a in self._active.items() if n not in snaps and n not in finals_with_temp]:
+            del self._active[name]
+        self._prev = snaps
+        return self._activity(completed)
+
+    def _complete(self, name: str, snap: _Snap, active: _Active, now: float) -> CompletedSave:
+        self._active.pop(name, None)
+        return CompletedSave(os.path.join(self.ckpt_dir, name), snap.size, active.first_seen, now)
+
+    def _activity(self, completed: list[CompletedSave]) -> SaveActivity:
+        if not self._active:
+            return SaveActivity(False, completed=tuple(completed),
+                                reason=f"{len(completed)} save(s) completed" if completed else "no save in flight")
+        name, active = min(self._active.items(), key=lambda item: item[1].first_seen)
+        how = "temp file present" if active.via_temp else "size/mtime changing"
+        return SaveActivity(True, os.path.join(self.ckpt_dir, name), active.bytes, active.first_seen,
+                            tuple(completed), f"{name}: {how}")
+
+    def _snapshot(self) -> tuple[dict[str, _Snap], dict[str, str]]:
+        snaps: dict[str, _Snap] = {}
+        temps: dict[str, str] = {}
+        dirs: list[os.DirEntry] = []
+        try:
+            entries = list(os.scandir(self.ckpt_dir))
+        except OSError:
+            return snaps, temps
+        for entry in entries:
+            name = entry.name
+            if is_temp_name(name):
+                final = final_name_of_temp(name)
+                if final:
+                    temps[name] = final
+                continue
+            if name.startswith(".") or name.startswith("CORRUPT_"):
+                continue
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    dirs.append(entry)
+                elif entry.is_file(follow_symlinks=False) and has_checkpoint_suffix(name):
+                    st = entry.stat(follow_symlinks=False)
+                    snaps[name] = _Snap(st.st_size, st.st_mtime_ns, st.st_ino)
+            except OSError:
+                continue
+        for entry in self._dirs_to_walk(dirs):
+            snap, dir_temp = _dir_snap(entry.path)
+            snaps[entry.name] = snap
+            if dir_temp:
+                temps[f"{entry.name}/{dir_temp}"] = entry.name
+        return snaps, temps
+
+    def _dirs_to_walk(self, dirs: list[os.DirEntry]) -> list[os.DirEntry]:
+        known = self._prev or {}
+        named = [(parse_name(d.name), d) for d in dirs]
+        stepped = sorted((x for x in named if x[0].step is not None), key=lambda x: x[0].step, reverse=True)
+        keep = {d.name for _, d in stepped[:TRACKED_DIRS]}
+        keep |= {d.name for info, d in named if info.is_last or d.name not in known or d.name in self._active}
+        return [d for d in dirs if d.name in keep and (parse_name(d.name).step is not None
+                                                      or has_checkpoint_suffix(d.name)
+                                                      or parse_name(d.name).is_last
+                                                      or F.detect_dir(d.path) not in (F.DIRECTORY, F.UNKNOWN))]
+
+
+def _dir_snap(path: str) -> tuple[_Snap, str | None]:
+    """Total size, newest mtime and the marker state of a directory checkpoint."""
+    total, newest, ino = 0, 0, 0
+    temp = None
+    for root, subdirs, files in os.walk(path):
+        for name in files:
+            try:
+                st = os.lstat(os.path.join(root, name))
+            except OSError:
+                continue
+            total += st.st_size
+            newest = max(newest, st.st_mtime_ns)
+            ino ^= st.st_ino
+            if temp is None and (name == ".metadata.tmp" or is_temp_name(name)):
+                temp = os.path.relpath(os.path.join(root, name), path)
+    try:
+        names = set(os.listdir(path))
+    except OSError:
+        names = set()
+    fmt = F.detect_dir(path)
+    committed = True
+    if fmt == F.DCP:
+        committed = ".metadata" in names or any(n.startswith("__") and n.endswith(".metadata") for n in names)
+    elif fmt == F.HF_TRAINER:
+        committed = "trainer_state.json" in names
+    return _Snap(total, newest, ino, committed), temp
+
+
+def _size_of(path: str) -> int:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    if os.path.isdir(path):
+        return _dir_snap(path)[0].size
+    return st.st_size

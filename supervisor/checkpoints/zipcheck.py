@@ -1,0 +1,331 @@
+"""Zip framing checks for torch.save files (and the zip items inside DCP shards), stdlib only.
+
+- L1 :func:`read_trailer`: the first 4 bytes and the last 98 (torch always writes ZIP64 and no
+  comment, so the end of the file is fixed). Catches every truncation, zero-filled tail and
+  appended garbage in two ``pread`` calls, whatever the file size.
+- L2 :func:`read_index`: the central directory plus one probe per local header.
+- L4 :func:`crc_check`: CRC32 of every entry against the central directory. torch.load never
+  checks it (miniz is built with CRC checks disabled), so this is the only way to find a hole or
+  a flipped bit inside tensor data. All-zero CRCs (``compute_crc32=False``) mean *unverifiable*.
+
+Everything works on an open file descriptor and a ``base`` offset so that a torch zip embedded
+in a larger file (a DCP ``.distcp`` item) is checked the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+import zlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+LOCAL_SIG = b"PK\x03\x04"
+CENTRAL_SIG = b"PK\x01\x02"
+EOCD_SIG = b"PK\x05\x06"
+ZIP64_EOCD_SIG = b"PK\x06\x06"
+ZIP64_LOCATOR_SIG = b"PK\x06\x07"
+TORCH_TRAILER = 98  # ZIP64 EOCD (56) + ZIP64 locator (20) + EOCD (22)
+_MAX_COMMENT = 0xFFFF
+_CHUNK = 8 << 20
+
+
+class ZipCheckError(Exception):
+    """A check failed at ``level`` (1..4) for ``reason``: the archive is damaged."""
+
+    def __init__(self, level: int, reason: str) -> None:
+        super().__init__(reason)
+        self.level, self.reason = level, reason
+
+
+@dataclass(frozen=True)
+class Trailer:
+    cd_offset: int  # relative to base
+    cd_size: int
+    entries: int
+    torch_layout: bool  # the exact 98-byte ZIP64 trailer torch writes
+
+
+@dataclass(frozen=True)
+class ZipEntry:
+    name: str
+    header_offset: int
+    data_offset: int
+    comp_size: int
+    size: int
+    crc: int
+    method: int
+
+
+@dataclass(frozen=True)
+class ZipIndex:
+    entries: tuple[ZipEntry, ...]
+    prefix: str  # torch's archive prefix ("archive", or the file's stem at save time)
+    crc_present: bool  # False when every non-empty entry has CRC 0 (compute_crc32=False)
+    cd_offset: int
+
+    def get(self, relname: str) -> ZipEntry | None:
+        """The entry ``<prefix>/<relname>``."""
+        return self._by_name().get(f"{self.prefix}/{relname}")
+
+    def _by_name(self) -> dict[str, ZipEntry]:
+        cached = self.__dict__.get("_names")
+        if cached is None:
+            cached = {e.name: e for e in self.entries}
+            object.__setattr__(self, "_names", cached)
+        return cached
+
+
+def pread_exact(fd: int, length: int, offset: int) -> bytes:
+    """Read exactly ``length`` bytes or fewer only at end of file."""
+    data = os.pread(fd, length, offset)
+    if len(data) == length or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < length:
+        more = os.pread(fd, length - got, offset + got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+def read_trailer(fd: int, base: int, length: int) -> Trailer:
+    """L1: find and cross-check the end-of-central-directory records. Raises ZipCheckError(1)."""
+    if length < 22 + 30:
+        raise ZipCheckError(1, f"too small for a zip archive ({length} bytes)")
+    head = pread_exact(fd, 8, base)
+    if head[:4] != LOCAL_SIG:
+        if head == b"\0" * len(head):
+            raise ZipCheckError(1, "zero-filled start (size kept, data never written)")
+        raise ZipCheckError(1, "does not start with a zip local header")
+    tail_len = min(length, TORCH_TRAILER)
+    tail = pread_exact(fd, tail_len, base + length - tail_len)
+    if len(tail) != tail_len:
+        raise ZipCheckError(1, "file shorter than its recorded size (changed while reading?)")
+    if tail_len == TORCH_TRAILER and tail[76:80] == EOCD_SIG and tail[56:60] == ZIP64_LOCATOR_SIG:
+        if tail[0:4] == ZIP64_EOCD_SIG and struct.unpack_from("<H", tail, 96)[0] == 0:
+            z64_offset = struct.unpack_from("<Q", tail, 64)[0]
+            entries, cd_size, cd_offset = struct.unpack_from("<QQQ", tail, 32)
+            end = length - TORCH_TRAILER
+            if z64_offset != end or cd_offset + cd_size != end:
+                raise ZipCheckError(1, "central directory bounds do not match the ZIP64 trailer")
+            return Trailer(cd_offset, cd_size, entries, torch_layout=True)
+    return _generic_trailer(fd, base, length, tail)
+
+
+def _generic_trailer(fd: int, base: int, length: int, tail: bytes) -> Trailer:
+    """Foreign zips and old torch writers: a classic EOCD, maybe a comment, maybe ZIP64."""
+    if tail[-22:-18] == EOCD_SIG and struct.unpack_from("<H", tail, len(tail) - 2)[0] == 0:
+        eocd_pos, eocd = length - 22, tail[-22:]
+    else:
+        scan_len = min(length, 22 + _MAX_COMMENT)
+        window = pread_exact(fd, scan_len, base + length - scan_len)
+        pos = window.rfind(EOCD_SIG)
+        while pos >= 0:
+            if pos + 22 <= len(window):
+                comment_len = struct.unpack_from("<H", window, pos + 20)[0]
+                if pos + 22 + comment_len == len(window):
+                    break
+            pos = window.rfind(EOCD_SIG, 0, pos)
+        if pos < 0:
+            if tail[-22:].count(0) == len(tail[-22:]):
+                raise ZipCheckError(1, "zero-filled tail: the end of the archive was never written")
+            last = window.rfind(EOCD_SIG)
+            if last >= 0 and last + 22 < len(window):
+                extra = len(window) - last - 22
+                raise ZipCheckError(1, f"{extra} bytes after the end of the zip archive (appended data?)")
+            raise ZipCheckError(1, "no end-of-central-directory record: truncated (save cut short)")
+        eocd_pos = length - scan_len + pos
+        eocd = window[pos : pos + 22]
+    _, _, _, entries, cd_size, cd_offset, _ = struct.unpack_from("<HHHHIIH", eocd, 4)
+    cd_end = eocd_pos
+    if entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
+        if eocd_pos < 20 + 56:
+            raise ZipCheckError(1, "ZIP64 records missing before the end-of-central-directory record")
+        locator = pread_exact(fd, 20, base + eocd_pos - 20)
+        if locator[:4] != ZIP64_LOCATOR_SIG:
+            raise ZipCheckError(1, "ZIP64 locator missing")
+        z64_offset = struct.unpack_from("<Q", locator, 8)[0]
+        z64 = pread_exact(fd, 56, base + z64_offset)
+        if z64[:4] != ZIP64_EOCD_SIG or z64_offset + 56 > eocd_pos - 20:
+            raise ZipCheckError(1, "ZIP64 end-of-central-directory record missing or misplaced")
+        entries, cd_size, cd_offset = struct.unpack_from("<QQQ", z64, 32)
+        cd_end = z64_offset
+    if cd_offset + cd_size != cd_end:
+        raise ZipCheckError(1, "central directory bounds do not match the end-of-central-directory record")
+    return Trailer(cd_offset, cd_size, entries, torch_layout=False)
+
+
+def read_index(fd: int, base: int, length: int, trailer: Trailer) -> ZipIndex:
+    """L2: parse the central directory and probe every local header. Raises ZipCheckError(2)."""
+    cd = pread_exact(fd, trailer.cd_size, base + trailer.cd_offset)
+    if len(cd) != trailer.cd_size:
+        raise ZipCheckError(2, "central directory runs past the end of the file")
+    raw = _parse_central_directory(cd, trailer.entries)
+    if not raw:
+        raise ZipCheckError(2, "empty zip archive")
+    entries = [_probe_local_header(fd, base, trailer.cd_offset, *item) for item in raw]
+    ordered = sorted(entries, key=lambda e: e.header_offset)
+    for before, after in zip(ordered, ordered[1:]):
+        if before.data_offset + before.comp_size > after.header_offset:
+            raise ZipCheckError(2, f"entries {before.name!r} and {after.name!r} overlap")
+    prefix = entries[0].name.split("/", 1)[0]
+    crc_present = any(e.crc != 0 for e in entries if e.size > 0)
+    return ZipIndex(tuple(entries), prefix, crc_present, trailer.cd_offset)
+
+
+def _parse_central_directory(cd: bytes, expected: int) -> list[tuple]:
+    out: list[tuple] = []
+    pos = 0
+    view = memoryview(cd)
+    while pos < len(cd):
+        if cd[pos : pos + 4] != CENTRAL_SIG or pos + 46 > len(cd):
+            raise ZipCheckError(2, f"central directory damaged at entry {len(out)}")
+        (flags, method, crc, csize, usize, nlen, elen, clen, offset) = struct.unpack_from(
+            "<2xHH4xIIIHHH8xI", cd, pos + 6
+        )
+        name_raw = bytes(view[pos + 46 : pos + 46 + nlen])
+        extra = bytes(view[pos + 46 + nlen : pos + 46 + nlen + elen])
+        if pos + 46 + nlen + elen + clen > len(cd):
+            raise ZipCheckError(2, f"central directory entry {len(out)} runs past its end")
+        if 0xFFFFFFFF in (csize, usize, offset):
+            usize, csize, offset = _zip64_extra(extra, usize, csize, offset)
+        name = name_raw.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
+        out.append((name, name_raw, offset, csize, usize, crc, method))
+        pos += 46 + nlen + elen + clen
+    if len(out) != expected:
+        raise ZipCheckError(2, f"central directory lists {len(out)} entries, trailer says {expected}")
+    return out
+
+
+def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int, int, int]:
+    pos = 0
+    while pos + 4 <= len(extra):
+        tag, size = struct.unpack_from("<HH", extra, pos)
+        if tag == 0x0001:
+            values = list(struct.unpack_from(f"<{size // 8}Q", extra, pos + 4))
+            if usize == 0xFFFFFFFF and values:
+                usize = values.pop(0)
+            if csize == 0xFFFFFFFF and values:
+                csize = values.pop(0)
+            if offset == 0xFFFFFFFF and values:
+                offset = values.pop(0)
+            return usize, csize, offset
+        pos += 4 + size
+    raise ZipCheckError(2, "ZIP64 sizes missing from a central directory entry")
+
+
+def _probe_local_header(
+    fd: int, base: int, cd_offset: int, name: str, name_raw: bytes, offset: int, csize: int,
+    usize: int, crc: int, method: int,
+) -> ZipEntry:
+    if offset + 30 > cd_offset:
+        raise ZipCheckError(2, f"entry {name!r} starts beyond the central directory")
+    header = pread_exact(fd, 30 + len(name_raw), base + offset)
+    if header[:4] != LOCAL_SIG:
+        hint = " (zero-filled)" if header.count(0) == len(header) else ""
+        raise ZipCheckError(2, f"local header of {name!r} missing{hint}")
+    nlen, elen = struct.unpack_from("<HH", header, 26)
+    if header[30 : 30 + nlen] != name_raw:
+        raise ZipCheckError(2, f"local header of {name!r} names another entry")
+    data_offset = offset + 30 + nlen + elen
+    if data_offset + csize > cd_offset:
+        raise ZipCheckError(2, f"data of {name!r} runs into the central directory")
+    if method not in (0, 8):
+        raise ZipCheckError(2, f"entry {name!r} uses unsupported compression method {method}")
+    return ZipEntry(name, offset, data_offset, csize, usize, crc, method)
+
+
+def read_entry(fd: int, base: int, entry: ZipEntry, limit: int = 1 << 31) -> bytes:
+    """The uncompressed bytes of one (small) entry, e.g. ``data.pkl``."""
+    if entry.size > limit:
+        raise ZipCheckError(3, f"entry {entry.name!r} too large to read ({entry.size} bytes)")
+    data = pread_exact(fd, entry.comp_size, base + entry.data_offset)
+    if len(data) != entry.comp_size:
+        raise ZipCheckError(3, f"entry {entry.name!r} is cut short")
+    if entry.method == 8:
+        try:
+            data = zlib.decompress(data, -15)
+        except zlib.error as exc:
+            raise ZipCheckError(3, f"entry {entry.name!r} does not decompress: {exc}") from None
+    return data
+
+
+@dataclass(frozen=True)
+class CrcResult:
+    ok: bool  # True: every CRC matched. False: see reason
+    verifiable: bool  # False: the writer recorded no CRCs, so nothing could be checked
+    reason: str
+    bytes_checked: int
+
+
+def crc_check(fd: int, base: int, index: ZipIndex) -> CrcResult:
+    """L4: CRC32 of every entry against the central directory (reads every byte)."""
+    if not index.crc_present:
+        return CrcResult(True, False, "no CRC32 recorded (saved with compute_crc32=False): content unverifiable", 0)
+    with contextlib.suppress(OSError, AttributeError):  # advice only; not on every OS
+        os.posix_fadvise(fd, base, 0, os.POSIX_FADV_SEQUENTIAL)
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    checked = 0
+    for entry in index.entries:
+        crc = _entry_crc(fd, base, entry, view)
+        checked += entry.comp_size
+        if crc != entry.crc:
+            return CrcResult(False, True, f"CRC32 mismatch in {entry.name!r}: content damaged", checked)
+    return CrcResult(True, True, f"CRC32 of all {len(index.entries)} entries match", checked)
+
+
+def _entry_crc(fd: int, base: int, entry: ZipEntry, view: memoryview) -> int:
+    crc = 0
+    remaining = entry.comp_size
+    offset = base + entry.data_offset
+    inflater = zlib.decompressobj(-15) if entry.method == 8 else None
+    while remaining > 0:
+        want = min(remaining, len(view))
+        got = os.preadv(fd, [view[:want]], offset)
+        if got <= 0:
+            raise ZipCheckError(4, f"entry {entry.name!r} is cut short")
+        chunk = view[:got]
+        crc = zlib.crc32(inflater.decompress(chunk) if inflater else chunk, crc)
+        offset += got
+        remaining -= got
+    if inflater is not None:
+        crc = zlib.crc32(inflater.flush(), crc)
+    return crc
+
+
+# L4 results are cached per file identity so the same checkpoint is CRC-read at most once.
+# The key includes ctime_ns: Lustre inode numbers can change on migration, mtime can be reset.
+_CRC_CACHE: OrderedDict[tuple, CrcResult] = OrderedDict()
+_CRC_CACHE_MAX = 4096
+_CRC_LOCK = threading.Lock()
+
+
+def crc_cache_key(path: str, st: os.stat_result, base: int = 0) -> tuple:
+    return (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ctime_ns, base)
+
+
+def cached_crc_check(fd: int, base: int, index: ZipIndex, key: tuple) -> CrcResult:
+    """:func:`crc_check`, remembered for the same (path, size, mtime_ns, ctime_ns)."""
+    with _CRC_LOCK:
+        hit = _CRC_CACHE.get(key)
+        if hit is not None:
+            _CRC_CACHE.move_to_end(key)
+            return hit
+    result = crc_check(fd, base, index)
+    with _CRC_LOCK:
+        _CRC_CACHE[key] = result
+        while len(_CRC_CACHE) > _CRC_CACHE_MAX:
+            _CRC_CACHE.popitem(last=False)
+    return result
+
+
+def clear_crc_cache() -> None:
+    with _CRC_LOCK:
+        _CRC_CACHE.clear()

@@ -1,0 +1,198 @@
+"""``supervise classify LOGFILE`` and ``supervise audit RUN_DIR``: the failure classifier and the
+step-budget audit on a log or a run directory, for post-mortems and for scripts (``--json``).
+
+Exit codes: classify exits 0 whenever it could read the log, whatever the class (an empty log is
+classified from the exit status alone, ``unknown`` without one, with a note on stderr); 2 for bad
+input (unreadable or binary file, ``--exit-code`` with ``--signal``). audit exits 0 when the run is
+within its budgets and every resume matched, 1 when a budget is exhausted or a resume audit failed,
+2 when RUN_DIR is not a run directory.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ..errors import ExitCode, UsageError
+from .common import echo_json, handle_errors, log
+
+DEFAULT_TAIL_MB = 2.0  # classify reads at most this much from the end of the log
+_BINARY_SAMPLE = 64 * 1024
+
+
+def _read_tail(path: Path, max_bytes: int) -> tuple[str, int, bool]:
+    """(text, file size, truncated): the last ``max_bytes`` of the file, decoded leniently."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            if size > max_bytes:
+                fh.seek(size - max_bytes)
+            data = fh.read(max_bytes)
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory; give the path of a log file") from None
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    sample = data[-_BINARY_SAMPLE:]
+    if sample:
+        nul = sample.count(0)
+        text_sample = sample.decode("utf-8", errors="replace")
+        bad = text_sample.count("\ufffd")
+        if nul > len(sample) * 0.05 or bad > len(text_sample) * 0.3:
+            raise UsageError(f"{path} looks like a binary file, not a text log "
+                             f"({nul} NUL bytes in the last {len(sample)}); give the training's output log")
+    text = data.decode("utf-8", errors="replace").replace("\x00", "")
+    truncated = size > max_bytes
+    if truncated:  # the first line is probably cut in the middle
+        newline = text.find("\n")
+        text = text[newline + 1:] if newline >= 0 else text
+    return text, size, truncated
+
+
+def _failure_json(failure: Any) -> dict[str, Any]:
+    return {
+        "class": failure.cls.value, "action": failure.action.value, "evidence": list(failure.evidence),
+        "step": failure.step, "node": failure.node, "rank": failure.rank, "exit_code": failure.exit_code,
+        "signal": failure.signal, "reason": failure.reason, "context": list(failure.context),
+    }
+
+
+@click.command("classify")
+@click.argument("logfile", type=click.Path(path_type=Path))
+@click.option("--exit-code", "exit_code", type=int, default=None,
+              help="How the child exited (a negative value -N means killed by signal N).")
+@click.option("--signal", "signal_text", default=None, metavar="NAME",
+              help="The signal that killed the child: SEGV, SIGSEGV or 11.")
+@click.option("--tail-mb", type=click.FloatRange(min=0.01, max=1024), default=DEFAULT_TAIL_MB, show_default=True,
+              help="Read only this many MB from the end of the log.")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@handle_errors
+def classify_cmd(logfile: Path, exit_code: int | None, signal_text: str | None, tail_mb: float,
+                 as_json: bool) -> None:
+    """Classify how a training ended from its log (and its exit status, if known).
+
+    Prints the failure class, the action the default policy takes, the step and the evidence: the
+    first failure in the log, not the last. Without --exit-code/--signal the text alone decides.
+    """
+    from ..failures import classify, parse_signal
+
+    if exit_code is not None and signal_text is not None:
+        raise UsageError("give --exit-code or --signal, not both: a process either exited or was killed")
+    signum = None
+    if signal_text is not None:
+        try:
+            signum = parse_signal(signal_text)
+        except ValueError as exc:
+            raise UsageError(f"--signal: {exc}") from None
+    if exit_code is not None and not -64 <= exit_code <= 255:
+        raise UsageError(f"--exit-code {exit_code}: expected 0-255 (or -N for a signal)")
+    text, size, truncated = _read_tail(logfile, int(tail_mb * 1024 * 1024))
+    if not text.strip():
+        log.warning("note: %s is empty; classifying from the exit status alone", logfile)
+    elif truncated:
+        log.info("read the last %.1f MB of %s (%d bytes)", tail_mb, logfile, size)
+    failure = classify(exit_code, signum, text)
+    if as_json:
+        echo_json({"log": str(logfile), **_failure_json(failure)})
+        return
+    click.echo(f"class:    {failure.cls.value}")
+    click.echo(f"action:   {failure.action.value}")
+    if failure.step is not None:
+        click.echo(f"step:     {failure.step}")
+    where = [f"node {failure.node}" if failure.node else "", f"rank {failure.rank}" if failure.rank is not None else ""]
+    if any(where):
+        click.echo(f"where:    {', '.join(w for w in where if w)}")
+    click.echo(f"reason:   {failure.reason}")
+    if failure.evidence:
+        click.echo("evidence:")
+        for line in failure.evidence:
+            click.echo(f"  {line}")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.0f}s" if value >= 10 else f"{value:.1f}s"
+    return str(value)
+
+
+def _table(rows: list[list[str]], headers: list[str]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    for r in rows:
+        out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return "\n".join(out)
+
+
+@click.command("audit")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
+              help="YAML config whose budget to judge by (default: built-in defaults and SUPERVISE_* env).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+@handle_errors
+def audit_cmd(run_dir: Path, config_file: Path | None, as_json: bool) -> None:
+    """The step-budget audit of a run: per-attempt ledger, resume checks and the budget verdict."""
+    from ..budget import audit_resume, judge, ledger_from_events, records_to_json
+    from ..config import load_config
+    from ..events import read_events
+    from ..paths import RunPaths
+
+    paths = RunPaths(run_dir)
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir} is not a directory; give a run directory (it holds supervisor/events.jsonl)")
+    if not paths.events.is_file():
+        raise UsageError(f"{run_dir} is not a run directory: no {paths.events.relative_to(run_dir)}")
+    if not os.access(paths.events, os.R_OK):
+        raise UsageError(f"cannot read {paths.events}: permission denied")
+    cfg = load_config(config_file)
+    try:
+        read = read_events(paths.events)
+    except OSError as exc:
+        raise UsageError(f"cannot read {paths.events}: {exc.strerror or exc}") from None
+    if read.bad_lines:
+        log.warning("%d line(s) of %s are not valid events (a torn last line after a kill is normal)",
+                    read.bad_lines, paths.events)
+    records = ledger_from_events(read.events)
+    allocation = records[-1].job_id if records else None
+    verdict = judge(records, cfg.budget, allocation)
+    audits = [audit_resume(r.resume_step, r.first_step, r.resume_path) for r in records]
+    resume_ok = all(a.ok for a in audits)
+
+    if as_json:
+        attempts = records_to_json(records)
+        for item, a in zip(attempts, audits):
+            item["resume_audit"] = {"ok": a.ok, "reason": a.reason}
+        echo_json({"run_dir": str(run_dir), "attempts": attempts,
+                   "verdict": {"ok": verdict.ok, "budget": verdict.budget, "reason": verdict.reason,
+                               "numbers": verdict.numbers},
+                   "resume_ok": resume_ok, "bad_lines": read.bad_lines})
+    else:
+        if not records:
+            click.echo(f"{run_dir}: no attempts recorded yet")
+        else:
+            rows = []
+            for r, a in zip(records, audits):
+                rows.append([str(r.attempt), _fmt(r.job_id) + (f"/{r.restart_count}" if r.restart_count else ""),
+                             ",".join(r.nodes) or "-", _fmt(r.resume_step), _fmt(r.first_step) + ("" if a.ok else "!"),
+                             _fmt(r.last_step), _fmt(r.last_durable_step), _fmt(r.steps_lost), _fmt(r.wall_lost),
+                             r.status, _fmt(r.action.value if r.action else None),
+                             (r.evidence[0][:60] if r.evidence else "")])
+            click.echo(_table(rows, ["attempt", "job", "nodes", "resume", "first", "last", "durable", "lost",
+                                     "wall lost", "class", "action", "evidence"]))
+            for r, a in zip(records, audits):
+                if not a.ok:
+                    click.echo(f"resume audit FAILED for attempt {r.attempt}: {a.reason}")
+        state = "ok" if verdict.ok else f"EXHAUSTED ({verdict.budget})"
+        click.echo(f"budget: {state}: {verdict.reason}")
+    if not verdict.ok or not resume_ok:
+        raise SystemExit(ExitCode.FAILED)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(classify_cmd)
+    group.add_command(audit_cmd)

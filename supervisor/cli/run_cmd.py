@@ -1,0 +1,50 @@
+"""``supervise run [OPTIONS] -- CMD [ARGS...]``: the sbatch entrypoint."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from ..config import load_config
+from ..errors import UsageError
+from .common import handle_errors
+
+
+@click.command("run", context_settings={"ignore_unknown_options": False})
+@click.option("--config", "config_file", type=click.Path(path_type=Path), help="YAML config file.")
+@click.option("--run-dir", help="Run directory shared by every attempt and requeue [./runs/NAME].")
+@click.option("--name", help="Run name [the training script's name].")
+@click.option("--checkpoint-dir", help="Checkpoint directory to validate and resume from [RUN_DIR/checkpoints].")
+@click.option("--resume-arg", help="Appended to the command when resuming, e.g. '--ckpt_path {path}'.")
+@click.option("--step-regex", help="Regex with one group capturing the step in the child's output.")
+@click.option("--stall-timeout", type=float, help="Seconds without progress before the child is killed as hung.")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config key (dotted).")
+@click.option("--quiet", is_flag=True, help="Do not copy the child's output to the console.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@handle_errors
+def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpoint_dir: str | None,
+        resume_arg: str | None, step_regex: str | None, stall_timeout: float | None,
+        sets: tuple[str, ...], quiet: bool, command: tuple[str, ...]) -> None:
+    """Run CMD as a supervised child: restart it after native crashes, resume it from the newest
+    valid checkpoint, handle preemption notices, and record everything in RUN_DIR/supervisor/.
+
+    \b
+    Example:
+      srun supervise run --run-dir $SCRATCH/runs/exp1 -- python train.py --lr 3e-4
+    """
+    if not command:
+        raise UsageError("missing the training command after '--' (e.g. supervise run -- python train.py)")
+    cfg = load_config(config_file, sets=sets, cli={
+        "run_dir": run_dir, "name": name, "checkpoint_dir": checkpoint_dir,
+        "resume_arg": resume_arg, "step_regex": step_regex, "stall_timeout": stall_timeout,
+    })
+    from ..runner import Runner
+
+    result = Runner(cfg, list(command), echo=not quiet).run()
+    sys.exit(result.exit_code)
+
+
+def register(group: click.Group) -> None:
+    group.add_command(run)

@@ -1,0 +1,93 @@
+"""Hugging Face ``transformers`` integration: one ``TrainerCallback``.
+
+    from supervisor.integrations.hf import SupervisorCallback, resume_ckpt_path
+    trainer = Trainer(..., callbacks=[SupervisorCallback()])
+    trainer.train(resume_from_checkpoint=resume_ckpt_path())
+
+Heartbeats every optimizer step (the loss when the Trainer logs it), reports each ``checkpoint-N``
+save (begin when the Trainer decides to save, end at ``on_save``), and on a stop notice stops at a
+step boundary: it asks the Trainer for a save first when the supervisor wants one
+(``control.should_save``), then ``control.should_training_stop``. The stop is agreed across ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from .. import client
+from . import emergency_save_wanted, resume_ckpt_path
+
+try:
+    from transformers import TrainerCallback
+except ImportError as _exc:  # pragma: no cover - exercised only without transformers
+    raise ImportError(f"supervisor.integrations.hf needs transformers (pip install transformers): {_exc}") from None
+
+__all__ = ["SupervisorCallback", "resume_ckpt_path"]
+
+
+def _any_rank(flag: bool, device: Any) -> bool:
+    """True on every rank when True on one (no-op without torch.distributed)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return flag
+    value = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+class SupervisorCallback(TrainerCallback):
+    """Connects a ``transformers.Trainer`` to the supervisor (see the module docstring)."""
+
+    def __init__(self, *, own_signals: bool = True, save_wait: float = 0.5) -> None:
+        self.own_signals = own_signals
+        self.save_wait = save_wait
+        self.stopped_on_notice = False
+        self.emergency_step: int | None = None
+        self._saving: Any = None  # the open client.saving(...) context between decision and on_save
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.own_signals and threading.current_thread() is threading.main_thread():
+            client.install()
+        client.resumed(int(state.global_step))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        step = int(state.global_step)
+        client.heartbeat(step)
+        if _any_rank(client.should_stop(), args.device):
+            wanted = emergency_save_wanted(self.save_wait) if state.is_world_process_zero else False
+            if _any_rank(wanted, args.device) and not control.should_save:
+                control.should_save = True
+                self.emergency_step = step
+            control.should_training_stop = True
+            self.stopped_on_notice = True
+            if state.is_world_process_zero:
+                print(f"stopping at step {step} ({client.stop_reason() or 'another rank was told to stop'})",
+                      flush=True)
+        if control.should_save and state.is_world_process_zero and self._saving is None:
+            path = os.path.join(args.output_dir, f"checkpoint-{step}")
+            self._saving = client.saving(step, path)
+            self._saving.__enter__()  # closed in on_save, right after the Trainer wrote it
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._saving is not None:
+            saving, self._saving = self._saving, None
+            saving.__exit__(None, None, None)
+        if self.emergency_step is not None and state.is_world_process_zero:
+            path = os.path.join(args.output_dir, f"checkpoint-{self.emergency_step}")
+            print(f"saved step {self.emergency_step} to {path}", flush=True)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+               **kwargs: Any) -> None:
+        if logs and isinstance(logs.get("loss"), (int, float)):
+            client.heartbeat(int(state.global_step), loss=logs["loss"])
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._saving is not None:  # a save was announced but never happened
+            saving, self._saving = self._saving, None
+            saving.__exit__(RuntimeError, RuntimeError("save did not happen"), None)
+        if not self.stopped_on_notice and hasattr(client, "done"):
+            client.done()

@@ -1,0 +1,229 @@
+"""Lightning integration: one callback.
+
+    from supervisor.integrations.lightning import SupervisorCallback, resume_ckpt_path
+    trainer = Trainer(callbacks=[SupervisorCallback(), ModelCheckpoint(...)],
+                      plugins=[SLURMEnvironment(auto_requeue=False)])   # the supervisor requeues
+    trainer.fit(model, ckpt_path=resume_ckpt_path())
+
+What the callback does:
+  * heartbeats with ``trainer.global_step`` and the loss at every train batch end (the client
+    throttles the datagrams; a loss tensor is read only when one goes out);
+  * reports each checkpoint write (begin, end, bytes, duration) by wrapping the strategy's
+    ``CheckpointIO``, and makes local ``torch.save`` writes atomic (temp file, fsync, rename):
+    Lightning's own write truncates the file in place, so a kill mid-write tears ``last.ckpt``;
+  * owns the notice signals (SIGTERM by default): Lightning's handler would leave at the next
+    batch without saving (exit status 0), the callback instead stops at a batch boundary, saves an
+    emergency checkpoint first when the supervisor asks for one, and agrees on the stop across
+    ranks so that every rank stops at the same step;
+  * tells the supervisor the step training resumed at (the resume audit checks it).
+
+Works with ``lightning`` (``SupervisorCallback``) and ``pytorch_lightning``
+(``PLSupervisorCallback``); use the one whose ``Trainer`` you import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import threading
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import client
+from . import emergency_save_wanted, resume_ckpt_path
+
+__all__ = ["SupervisorCallback", "PLSupervisorCallback", "resume_ckpt_path"]
+
+
+class _CheckpointIOLogic:
+    """Wraps a ``CheckpointIO``: reports every write to the supervisor; atomic for local torch files."""
+
+    def __init__(self, inner: Any, owner: "_CallbackLogic", atomic: bool) -> None:
+        super().__init__()
+        self.inner = inner
+        self.owner = owner
+        self.atomic = atomic
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        step = checkpoint.get("global_step")
+        local = "://" not in str(path)
+        with client.saving(step, path):
+            if self.atomic and local and storage_options is None:
+                from ..checkpoints.atomic import atomic_torch_save
+
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                atomic_torch_save(checkpoint, path)
+            else:
+                self.inner.save_checkpoint(checkpoint, path, storage_options=storage_options)
+        if isinstance(step, int):
+            self.owner.last_saved_step = step
+
+    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.inner.load_checkpoint(path, *args, **kwargs)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self.inner.remove_checkpoint(path)
+
+    def teardown(self) -> None:
+        self.inner.teardown()
+
+
+class _CallbackLogic:
+    """The callback's behaviour, independent of which Lightning package provides the base class."""
+
+    _io_class: type
+    _torch_io_class: type
+
+    def __init__(self, dirpath: str | os.PathLike[str] | None = None, *, atomic_saves: bool = True,
+                 own_signals: bool = True, stop_check_every: int = 1, save_wait: float = 0.5) -> None:
+        """``dirpath``: where an emergency checkpoint goes [the ModelCheckpoint's dirpath, else
+        ``$SUPERVISOR_CHECKPOINT_DIR``, else ``<default_root_dir>/checkpoints``].
+        ``stop_check_every``: batches between stop checks; with several ranks each check is one
+        tiny all-reduce (Lightning already does one per batch for its own SIGTERM flag).
+        ``save_wait``: seconds to wait for the supervisor's save decision after a signal."""
+        super().__init__()
+        self.dirpath = os.fspath(dirpath) if dirpath is not None else None
+        self.atomic_saves = atomic_saves
+        self.own_signals = own_signals
+        self.stop_check_every = max(1, int(stop_check_every))
+        self.save_wait = save_wait
+        self.last_saved_step: int | None = None
+        self.stopped_on_notice = False
+        self.emergency_path: str | None = None
+
+    # set-up ----------------------------------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        if stage != "fit":
+            return
+        strategy = trainer.strategy
+        inner = strategy.checkpoint_io
+        if isinstance(inner, _CheckpointIOLogic) or "Async" in type(inner).__name__:
+            return  # already wrapped; async writes end later than the call: left to the dir watcher
+        atomic = self.atomic_saves and type(inner) is self._torch_io_class
+        strategy.checkpoint_io = self._io_class(inner, self, atomic)
+        env = getattr(strategy, "cluster_environment", None)
+        if getattr(env, "auto_requeue", False) and client.enabled():
+            warnings.warn("Lightning's SLURM auto-requeue is on: it requeues the job by itself on "
+                          "SIGUSR1, racing the supervisor. Pass plugins=[SLURMEnvironment(auto_requeue=False)].",
+                          RuntimeWarning, stacklevel=2)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if self.own_signals:
+            self._own_notice_signals()
+        step = int(trainer.global_step)
+        if trainer.ckpt_path and trainer.is_global_zero:
+            print(f"resumed from {trainer.ckpt_path} at step {step}", flush=True)
+        client.resumed(step)
+
+    def _own_notice_signals(self) -> None:
+        """Replace Lightning's SIGTERM handler (registered just before fit) by the client's, without
+        chaining: Lightning's would end training at the next batch without a checkpoint."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        names = os.environ.get("SUPERVISOR_NOTICE_SIGNALS", "").replace(",", " ").split() or ["TERM"]
+        for name in names:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                text = name.strip().upper()
+                signum = signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+                signal.signal(signum, signal.SIG_IGN)  # not SIG_DFL: no window where TERM kills us
+        client.install(names)
+
+    # every batch -----------------------------------------------------------------------------
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = int(trainer.global_step)
+        loss = _loss_of(outputs)
+        if loss is None:
+            client.heartbeat(step)
+        else:
+            client.heartbeat(step, loss=loss)
+        if batch_idx % self.stop_check_every:
+            return
+        if not trainer.strategy.reduce_boolean_decision(client.should_stop(), all=False):
+            return
+        # Every rank is here, at the same batch: a checkpoint now is consistent on all of them.
+        wanted = emergency_save_wanted(self.save_wait) if trainer.is_global_zero else False
+        wanted = trainer.strategy.reduce_boolean_decision(wanted, all=False)
+        if wanted and self.last_saved_step != step:
+            path = os.path.join(self._emergency_dir(trainer), f"epoch={trainer.current_epoch}-step={step}.ckpt")
+            trainer.save_checkpoint(path)  # collective; rank 0 writes through the wrapped CheckpointIO
+            self.emergency_path = path
+            if trainer.is_global_zero:
+                print(f"saved step {step} to {path}", flush=True)
+        trainer.should_stop = True
+        self.stopped_on_notice = True
+        if trainer.is_global_zero:
+            print(f"stopping at step {step} ({client.stop_reason() or 'another rank was told to stop'})",
+                  flush=True)
+
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any,
+                                batch_idx: int, dataloader_idx: int = 0) -> None:
+        client.heartbeat(int(trainer.global_step))  # alive during a long validation
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        if not self.stopped_on_notice and hasattr(client, "done"):
+            client.done()  # finished, not stopped: an exit now is completion
+
+    def _emergency_dir(self, trainer: Any) -> str:
+        if self.dirpath:
+            return self.dirpath
+        ckpt_cb = getattr(trainer, "checkpoint_callback", None)
+        if ckpt_cb is not None and getattr(ckpt_cb, "dirpath", None):
+            return os.fspath(ckpt_cb.dirpath)
+        return client.checkpoint_dir() or os.path.join(trainer.default_root_dir, "checkpoints")
+
+
+def _loss_of(outputs: Any) -> Any:
+    """The loss from ``training_step``'s return value (a tensor or a dict with "loss"), unconverted."""
+    if isinstance(outputs, Mapping):
+        outputs = outputs.get("loss")
+    if outputs is None or isinstance(outputs, (str, bytes, list, tuple)):
+        return None
+    detach = getattr(outputs, "detach", None)
+    return detach() if callable(detach) else outputs
+
+
+@functools.lru_cache(maxsize=None)
+def _classes(flavor: str) -> tuple[type, type]:
+    """(callback class, CheckpointIO class) built on ``lightning`` or ``pytorch_lightning``."""
+    if flavor == "lightning":
+        from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
+        from lightning.pytorch import Callback
+    else:
+        from lightning_fabric.plugins import CheckpointIO, TorchCheckpointIO
+        from pytorch_lightning import Callback
+    io_class = type("SupervisedCheckpointIO", (_CheckpointIOLogic, CheckpointIO),
+                    {"__module__": __name__, "__doc__": _CheckpointIOLogic.__doc__})
+    callback = type("SupervisorCallback", (_CallbackLogic, Callback),
+                    {"__module__": __name__, "__doc__": _CallbackLogic.__doc__,
+                     "_io_class": io_class, "_torch_io_class": TorchCheckpointIO})
+    return callback, io_class
+
+
+def _missing(flavor: str, exc: ImportError) -> ImportError:
+    return ImportError(f"supervisor.integrations.lightning needs the '{flavor}' package "
+                       f"(pip install {flavor.replace('_', '-')}): {exc}")
+
+
+def __getattr__(name: str) -> Any:
+    """``SupervisorCallback`` (package ``lightning``, else ``pytorch_lightning`` when only that one
+    is installed) and ``PLSupervisorCallback`` (``pytorch_lightning``), built on first use."""
+    if name == "SupervisorCallback":
+        try:
+            return _classes("lightning")[0]
+        except ImportError as exc:
+            try:
+                return _classes("pytorch_lightning")[0]
+            except ImportError:
+                raise _missing("lightning", exc) from None
+    if name == "PLSupervisorCallback":
+        try:
+            return _classes("pytorch_lightning")[0]
+        except ImportError as exc:
+            raise _missing("pytorch_lightning", exc) from None
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

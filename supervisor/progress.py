@@ -1,0 +1,373 @@
+"""Progress from the child's output, and the trackers that turn progress into verdicts: stall,
+slowdown, loss anomaly. Pure: lines and ``now`` come in, frozen verdicts with a ``reason`` go out;
+no clock, no I/O. Memory is bounded: every history is a fixed-size ring.
+
+Global step or progress only? The resume audit compares the first *global* step the child reports
+with the resume point, so a counter that restarts every epoch must never pass for a global step
+(resumed at step 5000, "Epoch 5 step 0" would read as a restart from zero). The rule:
+
+* explicit global counters are global steps: ``global_step``/``global step``, fairseq's
+  ``num_updates``, a ``'step': N`` / ``"step": N`` dict or JSON key (HF Trainer logs, JSON loggers);
+* keyword counters (``step 123``, ``Step 123/1000``, ``iter 123``, ``iteration 123``,
+  ``it 123/1000``, ``Iter(train) [123/1000]``) are global steps, *unless the line names an epoch*:
+  on such lines they usually count batches within the epoch and are progress only;
+* tqdm bars (``Epoch 0:  45%|####5     | 450/1000 [00:10<00:12, 43.2it/s]``, ``450it [00:10, ...]``),
+  Keras bars and bare ``[450/1000]`` counters are progress only (Lightning's bar, timm, torchvision's
+  references, mmdet and the PyTorch examples all count batches within the epoch), except a tqdm
+  bar whose description names steps or iterations and no epoch (``Training steps:  45%|...``).
+
+Progress-only counters still prove the child is alive (stall detection) and give a rate (slowdown);
+they never set ``last_step``. A user ``step_regex`` replaces the defaults and its first capture group
+is taken as the global step. Lines may carry ``\\r`` debris (tqdm redraws) and ANSI colour codes:
+only the last non-empty ``\\r`` segment is read, with escape sequences removed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal
+
+_FLAGS = re.IGNORECASE
+
+# (name, regex, scope). scope: "global" = a global step; "counter" = a global step unless the line
+# names an epoch; "progress" = progress only. Each regex has the named group "n" (the counter).
+DEFAULT_STEP_PATTERNS: tuple[tuple[str, str, str], ...] = (
+    ("global_step", r"\bglobal[ _-]?step['\"]?\s*[:=]?\s*(?P<n>\d+)(?![\d.]*\d)", "global"),
+    ("num_updates", r"\bnum_updates['\"]?\s*[:=]?\s*(?P<n>\d+)(?![\d.]*\d)", "global"),
+    ("step_key", r"['\"]step['\"]\s*:\s*(?P<n>\d+)(?![\d.]*\d)", "global"),
+    ("tqdm", r"\d{1,3}%\|[^|]*\|\s*(?P<n>\d+)/(?:\d+|\?)\s*\[", "progress"),
+    ("tqdm_total_unknown", r"(?<![\w.])(?P<n>\d+)it\s*\[", "progress"),
+    ("step_keyword", r"\b(?:step|iter|iteration)(?:\s*\(\w+\))?\s*[:=#]?\s*\[?\s*(?P<n>\d+)(?![\d.]*\d)",
+     "counter"),
+    ("it_of_total", r"\bit\s+(?P<n>\d+)\s*/\s*\d+", "counter"),
+    ("keras", r"(?<![\w.])(?P<n>\d+)/\d+\s*\[[=>.]+\]", "progress"),
+    ("bracket", r"\[\s*(?P<n>\d+)\s*/\s*\d+\s*(?:\(\s*\d+%\s*\))?\s*\]", "progress"),
+)
+
+_EPOCH = re.compile(r"\bepochs?\b", _FLAGS)
+_STEPS_DESC = re.compile(r"\b(?:global|steps?|iters?|iterations?)\b", _FLAGS)
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def _may_hold_a_counter(text: str) -> bool:
+    """Every default pattern needs one of these substrings; most output lines have none. Substring
+    tests cost tens of ns where running the patterns costs microseconds."""
+    if "/" in text:
+        return True
+    low = text.lower()
+    return "step" in low or "iter" in low or "num_updates" in low or "it [" in low or "it[" in low
+_LOSS = re.compile(
+    r"(?<![\w/.])(?:train[_/ ])?loss['\"]?\s*[:=]?\s*"
+    r"(?P<v>[-+]?(?:nan|inf(?:inity)?|\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?))(?![\w.])",
+    _FLAGS)
+
+
+def clean_line(line: str) -> str:
+    """The last non-empty ``\\r`` segment of a line, without ANSI escape sequences."""
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if "\r" in line:
+        for segment in reversed(line.split("\r")):
+            if segment.strip():
+                return segment
+        return ""
+    return line
+
+
+@dataclass(frozen=True)
+class StepMatch:
+    """A counter found in a line. ``progress_only``: proof of activity, not the global step."""
+
+    value: int
+    progress_only: bool
+    pattern: str  # which pattern matched ("user" for a step_regex)
+
+
+class StepExtractor:
+    """Finds the step counter in one line of output, by the user's ``step_regex`` or the defaults."""
+
+    def __init__(self, step_regex: str | None = None) -> None:
+        self.user = step_regex is not None
+        if step_regex is not None:
+            # Config validation guarantees it compiles and has a capture group.
+            self._patterns = [("user", re.compile(step_regex), "global")]
+        else:
+            self._patterns = [(name, re.compile(rx, _FLAGS), scope) for name, rx, scope in DEFAULT_STEP_PATTERNS]
+        self._prefilter = None if self.user else _may_hold_a_counter
+
+    def match(self, line: str) -> StepMatch | None:
+        text = clean_line(line)
+        if self._prefilter is not None and not self._prefilter(text):
+            return None
+        epoch_line: bool | None = None
+        for name, regex, scope in self._patterns:
+            found = regex.search(text)
+            if found is None:
+                continue
+            try:
+                value = int(found.group("n") if not self.user else found.group(1))
+            except (TypeError, ValueError, IndexError):
+                continue
+            if scope == "global":
+                return StepMatch(value, False, name)
+            if epoch_line is None:
+                epoch_line = bool(_EPOCH.search(text))
+            if scope == "counter":
+                return StepMatch(value, epoch_line, name)
+            desc = text[:found.start()]  # a tqdm bar's description: what it counts
+            global_bar = name.startswith("tqdm") and not epoch_line and bool(_STEPS_DESC.search(desc))
+            return StepMatch(value, not global_bar, name)
+        return None
+
+    def extract(self, line: str) -> int | None:
+        """The global step in ``line``, or None (progress-only counters give None)."""
+        found = self.match(line)
+        return None if found is None or found.progress_only else found.value
+
+
+def extract_loss(line: str) -> float | None:
+    """The training loss printed in a line (``loss 2.31``, ``loss=nan``, ``'loss': 1.2``,
+    ``train_loss: 0.5``), or None. Validation/eval losses are not training losses and are skipped."""
+    text = clean_line(line)
+    found = _LOSS.search(text)
+    if found is None:
+        return None
+    try:
+        return float(found.group("v"))
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts
+
+
+@dataclass(frozen=True)
+class StallVerdict:
+    idle_s: float  # seconds without progress (or since the attempt started, if it never progressed)
+    last_step: int | None
+    last_progress_at: float | None
+    never_progressed: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class SlowdownVerdict:
+    rate: float  # steps (or progress units) per second now
+    median_rate: float  # running median of the rate samples
+    fraction: float
+    below_since: float
+    reason: str
+
+
+LossKind = Literal["nan", "inf", "spike"]
+
+
+@dataclass(frozen=True)
+class LossVerdict:
+    step: int | None
+    loss: float
+    median: float | None  # running median of recent finite losses (None before enough history)
+    kind: LossKind
+    reason: str
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Trackers
+
+
+class ProgressTracker:
+    """Step and activity history of one attempt. Fed by the run loop; decides nothing by itself.
+
+    Progress is a counter value different from the last one of its kind (global step or
+    progress-only counter). The rate counts *work*: global step increments, plus progress-counter
+    increments where a counter that goes back (a new epoch) restarts from its new value.
+    """
+
+    RATE_SAMPLES = 128  # ring of rate samples behind the slowdown median
+    MIN_RATE_SAMPLES = 8  # no slowdown verdict before this many samples
+    WORK_SAMPLES = 64  # ring of (time, work) points behind rate()
+
+    def __init__(self, started_at: float, rate_window: float = 60.0) -> None:
+        self.started_at = started_at
+        self.rate_window = rate_window
+        self.first_step: int | None = None
+        self.last_step: int | None = None
+        self.last_step_at: float | None = None
+        self.last_counter: int | None = None
+        self.last_progress_at: float | None = None
+        self.last_activity_at: float | None = None  # touch(): a save began or ended
+        self.observations = 0
+        self._work = 0
+        self._work_points: deque[tuple[float, int]] = deque(maxlen=self.WORK_SAMPLES)
+        self._rate_samples: deque[float] = deque(maxlen=self.RATE_SAMPLES)
+        self._last_rate_sample_at: float | None = None
+        self._below_since: float | None = None
+        self._slowdown_reported = False
+
+    # feeding ---------------------------------------------------------------------------------
+
+    def observe(self, step: int, now: float) -> bool:
+        """A global step seen at ``now``. Returns whether it was progress (a new value)."""
+        self.observations += 1
+        if self.first_step is None:
+            self.first_step = step
+        previous = self.last_step
+        self.last_step, self.last_step_at = step, now
+        if previous is None:
+            self._progress(now, 0)
+            return True
+        if step == previous:
+            return False
+        self._progress(now, max(step - previous, 0))
+        return True
+
+    def observe_counter(self, value: int, now: float) -> bool:
+        """A progress-only counter (a per-epoch batch index) seen at ``now``."""
+        self.observations += 1
+        previous, self.last_counter = self.last_counter, value
+        if previous is None:
+            self._progress(now, 0)
+            return True
+        if value == previous:
+            return False
+        self._progress(now, value - previous if value > previous else value)
+        return True
+
+    def touch(self, now: float) -> None:
+        """Activity that is not a step (a save began or ended): holds off the stall verdict."""
+        self.last_activity_at = now
+
+    def _progress(self, now: float, work: int) -> None:
+        self.last_progress_at = now
+        self._work += work
+        points = self._work_points
+        spacing = self.rate_window / self.WORK_SAMPLES
+        if points and now - points[-1][0] < spacing:
+            return
+        points.append((now, self._work))
+
+    # questions -------------------------------------------------------------------------------
+
+    def rate(self, now: float) -> float | None:
+        """Work per second over the last ``rate_window`` seconds ending at ``now``; None before
+        two observations of progress are at least a moment apart."""
+        points = self._work_points
+        if not points:
+            return None
+        first_at, first_work = points[0]
+        if len(points) == 1 and self._work == first_work and now - first_at < self.rate_window:
+            return None  # one observation so far: nothing measured yet
+        start_at, start_work = first_at, first_work
+        for at, work in points:  # the last point at or before the window start, else the oldest
+            if at > now - self.rate_window:
+                break
+            start_at, start_work = at, work
+        elapsed = now - start_at
+        if elapsed <= 0:
+            return None
+        return (self._work - start_work) / elapsed
+
+    def is_stalled(self, now: float, stall_timeout: float) -> StallVerdict | None:
+        """No progress for ``stall_timeout`` s (0 = disabled). Before the first progress the clock
+        runs from the attempt start with a startup grace of one more ``stall_timeout``."""
+        if stall_timeout <= 0:
+            return None
+        never = self.last_progress_at is None
+        reference = self.started_at if never else self.last_progress_at
+        if self.last_activity_at is not None:
+            reference = max(reference, self.last_activity_at)  # type: ignore[type-var]
+        limit = 2 * stall_timeout if never else stall_timeout
+        idle = now - reference  # type: ignore[operator]
+        if idle <= limit:
+            return None
+        if never:
+            reason = (f"no progress in the {idle:.0f} s since the attempt started "
+                      f"(stall_timeout {stall_timeout:g} s + startup grace {stall_timeout:g} s)")
+        else:
+            reason = (f"no progress for {idle:.0f} s (stall_timeout {stall_timeout:g} s); "
+                      f"last step {self.last_step}")
+        return StallVerdict(idle_s=idle, last_step=self.last_step, last_progress_at=self.last_progress_at,
+                            never_progressed=never, reason=reason)
+
+    def slowdown(self, now: float, fraction: float, window: float) -> SlowdownVerdict | None:
+        """The rate below ``fraction`` of its running median for ``window`` s. Call it on every tick;
+        it samples the rate every ``rate_window / 4`` s and reports each slow episode once."""
+        interval = self.rate_window / 4
+        if self._last_rate_sample_at is not None and now - self._last_rate_sample_at < interval:
+            return None
+        rate = self.rate(now)
+        if rate is None:
+            return None
+        self._last_rate_sample_at = now
+        samples = self._rate_samples
+        enough = len(samples) >= self.MIN_RATE_SAMPLES
+        median = _median(list(samples)) if enough else 0.0
+        below = enough and median > 0 and rate < fraction * median
+        if not below:
+            self._below_since = None
+            self._slowdown_reported = False
+            samples.append(rate)
+            return None
+        if self._below_since is None:
+            self._below_since = now
+        if self._slowdown_reported:
+            samples.append(rate)  # reported: let the baseline adapt to the new normal
+            return None
+        if now - self._below_since < window:
+            return None  # baseline frozen while the episode is being judged
+        self._slowdown_reported = True
+        return SlowdownVerdict(
+            rate=rate, median_rate=median, fraction=fraction, below_since=self._below_since,
+            reason=(f"step rate {rate:.3g}/s below {fraction:g} x its median {median:.3g}/s "
+                    f"for {now - self._below_since:.0f} s"))
+
+
+class LossTracker:
+    """Flags a non-finite loss, or a spike over ``spike_factor`` x the running median of the last
+    ``history`` finite losses (config ``loss_spike_factor``). Each anomaly run is reported once, at
+    its first observation; a new run starts after a normal loss or with another kind."""
+
+    def __init__(self, spike_factor: float = 10.0, history: int = 100, min_history: int = 10) -> None:
+        self.factor = spike_factor
+        self.min_history = min_history
+        self._recent: deque[float] = deque(maxlen=history)
+        self._last_kind: str | None = None
+
+    def observe(self, step: int | None, loss: float | None) -> LossVerdict | None:
+        if loss is None:
+            return None
+        try:
+            value = float(loss)
+        except (TypeError, ValueError):
+            return None
+        kind: LossKind | None = None
+        median: float | None = None
+        if math.isnan(value):
+            kind = "nan"
+        elif math.isinf(value):
+            kind = "inf"
+        else:
+            if len(self._recent) >= self.min_history:
+                median = _median(list(self._recent))
+                if median > 0 and value > self.factor * median:
+                    kind = "spike"
+            self._recent.append(value)
+        first_of_run = kind is not None and kind != self._last_kind
+        self._last_kind = kind
+        if not first_of_run:
+            return None
+        if kind == "spike":
+            reason = f"loss {value:.4g} at step {step} is over {self.factor:g} x the running median {median:.4g}"
+        else:
+            reason = f"loss is {value} at step {step}"
+        return LossVerdict(step=step, loss=value, median=median, kind=kind, reason=reason)  # type: ignore[arg-type]

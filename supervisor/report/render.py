@@ -1,0 +1,365 @@
+"""Pure renderers: a :class:`Report` (or :class:`StatusView`) to aligned text or Markdown.
+
+Both formats come from one list of blocks (heading, paragraph, table, bullet list), so the text a
+person reads in the terminal and the Markdown pasted into an issue say the same thing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .model import AttemptRow, Report
+from .status import StatusView
+
+EVIDENCE_WIDTH = 160
+
+
+@dataclass(frozen=True)
+class Block:
+    kind: str  # h | p | table | list
+    text: str = ""
+    headers: tuple[str, ...] = ()
+    rows: tuple[tuple[str, ...], ...] = ()
+    items: tuple[str, ...] = ()
+
+
+def _h(text: str) -> Block:
+    return Block("h", text=text)
+
+
+def _p(text: str) -> Block:
+    return Block("p", text=text)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> Block:
+    return Block("table", headers=tuple(headers), rows=tuple(tuple(_cell(c) for c in r) for r in rows))
+
+
+def _list(items: Sequence[str]) -> Block:
+    return Block("list", items=tuple(items))
+
+
+# ---------------------------------------------------------------------------------------------
+# Formatting of values
+
+
+def fmt_ts(ts: float | None, with_date: bool = True) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S" if with_date else "%H:%M:%S", time.localtime(ts))
+
+
+def fmt_ts_short(ts: float | None) -> str:
+    """Month-day and time: enough for a timeline table, and runs do span days."""
+    return "-" if ts is None else time.strftime("%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{max(seconds, 0):.0f}s" if seconds >= 1 or seconds == 0 else f"{seconds:.1f}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+    return f"{s // 86400}d{(s % 86400) // 3600:02d}h"
+
+
+def fmt_size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def _short(text: str | None, width: int = EVIDENCE_WIDTH) -> str:
+    if not text:
+        return "-"
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _steps(a: AttemptRow) -> str:
+    if a.first_step is None and a.last_step is None:
+        return "-"
+    return f"{_cell(a.first_step)}→{_cell(a.last_step)}"
+
+
+def _resume(a: AttemptRow) -> str:
+    if a.resume_path is None and a.resume_step is None:
+        return "fresh"
+    name = (a.resume_path or "?").rsplit("/", 1)[-1]
+    return f"{name} (step {_cell(a.resume_step)})"
+
+
+def _node(a: AttemptRow) -> str:
+    return ",".join(a.nodes) if a.nodes else (a.host or "-")
+
+
+def _level(v: Any) -> str:
+    return f"L{v}" if isinstance(v, int) else _cell(v)
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v):
+        return v[:12]  # sha256: the first 12 hex digits are plenty to tell values apart
+    if isinstance(v, str) and len(v) == 40 and all(c in "0123456789abcdef" for c in v):
+        return v[:10]  # git sha
+    if v is None:
+        return "unset"
+    return _cell(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# The report as blocks
+
+
+def report_blocks(report: Report) -> list[Block]:
+    r = report.run
+    blocks: list[Block] = [_h(f"Run {r.name or '?'}")]
+    facts = [f"run dir: {r.run_dir or '-'}", f"checkpoint dir: {r.checkpoint_dir or '-'}"]
+    if r.outcome:
+        facts.append(f"outcome: {r.outcome} (exit {_cell(r.exit_code)}): {r.reason or '-'}")
+    else:
+        facts.append("outcome: none logged (running, or the supervisor was killed)")
+    facts.append(f"from {fmt_ts(r.start)} to {fmt_ts(r.end)} ({fmt_duration(r.duration)})")
+    facts.append(f"{r.attempts} attempt(s) in {len(r.jobs)} job session(s): "
+                 f"{r.restarts} restart(s) in place, {r.requeues} requeue(s)")
+    facts.append(f"final step {_cell(r.final_step)}; steps lost {r.steps_lost}; "
+                 f"wall time lost {fmt_duration(r.wall_lost)}")
+    blocks.append(_list(facts))
+    if r.problems:
+        blocks.append(_h("Problems"))
+        blocks.append(_list(r.problems))
+
+    if report.attempts:
+        blocks.append(_h("Attempts"))
+        blocks.append(_table(
+            ("#", "job", "rc", "node", "start", "duration", "resumed from", "steps", "class", "action",
+             "lost", "wall lost"),
+            [(a.attempt, a.job_id, a.restart_count, _node(a), fmt_ts_short(a.start),
+              fmt_duration(a.duration), _resume(a), _steps(a), a.end_class or ("running" if not a.ended else "?"),
+              a.action, a.steps_lost, fmt_duration(a.wall_lost)) for a in report.attempts]))
+        firsts = [f"attempt {a.attempt} ({a.end_class}) at step {_cell(a.evidence_step)}"
+                  f"{' on ' + a.failure_node if a.failure_node else ''}: {_short(a.evidence)}"
+                  for a in report.attempts if a.failed]
+        if firsts:
+            blocks.append(_p("First failure of each attempt:"))
+            blocks.append(_list(firsts))
+        mism = [f"attempt {a.attempt}: {a.resume_mismatch}" for a in report.attempts if a.resume_mismatch]
+        if mism:
+            blocks.append(_p("Resume audit failed:"))
+            blocks.append(_list(mism))
+
+    blocks.append(_h("Step budget"))
+    v = report.verdict
+    if v is None:
+        blocks.append(_p("no verdict (no attempt judged yet)"))
+    else:
+        state = "ok" if v.ok else ("EXCEEDED" if v.ok is False else "unknown")
+        # The reason carries the numbers that matter; all of them are in --json.
+        blocks.append(_p(f"{state}{' (' + v.budget + ')' if v.budget else ''}: {v.reason}"
+                         f"{' [last verdict logged by the supervisor]' if v.source == 'log' else ''}"))
+
+    blocks.append(_h("Checkpoints"))
+    if report.checkpoints is None:
+        blocks.append(_p("not scanned"))
+    elif not report.checkpoints:
+        blocks.append(_p("none found"))
+    else:
+        blocks.append(_table(("file", "size", "verdict", "step", "format", "reason"),
+                             [(c.file, fmt_size(c.size), c.verdict or "unchecked", c.step, c.format,
+                               _short(c.reason, 80)) for c in report.checkpoints]))
+    if report.quarantined:
+        blocks.append(_p("Quarantined (renamed aside, never deleted):"))
+        blocks.append(_table(("file", "size", "original", "level", "reason", "on disk"),
+                             [(q.file, fmt_size(q.size), (q.original or "-").rsplit("/", 1)[-1], _level(q.level),
+                               _short(q.reason, 100), q.on_disk) for q in report.quarantined]))
+
+    blocks.append(_h("Drift between attempts"))
+    breaking = [d for d in report.drift if d.breaks_reproducibility]
+    info = [d for d in report.drift if not d.breaks_reproducibility]
+    if not breaking:
+        if len(report.run.manifests) > 1:
+            blocks.append(_p(f"none: the {len(report.run.manifests)} attempts with a manifest ran the same "
+                             "code, config, software and GPU setup"))
+        else:
+            blocks.append(_p("not checked: fewer than two attempts have a manifest"))
+    else:
+        blocks.append(_p("NOT one reproducible run:"))
+        blocks.append(_table(("what", "attempts", "old", "new"),
+                             [(d.what, f"{d.from_attempt}→{d.to_attempt}", _value(d.old), _value(d.new))
+                              for d in breaking]))
+    if info:
+        blocks.append(_list([f"{d.what}: {_value(d.old)} → {_value(d.new)} (attempt {d.from_attempt}→"
+                             f"{d.to_attempt})" for d in info]))
+
+    blocks.append(_h("Events"))
+    blocks.append(_list(_event_lines(report)))
+    if report.warnings:
+        blocks.append(_h("Warnings"))
+        blocks.append(_list(report.warnings))
+    return blocks
+
+
+def _event_lines(report: Report) -> list[str]:
+    """One line per notable event, in time order."""
+    s = report.events_summary
+    timed: list[tuple[float, str]] = []
+
+    def add(record: Any, text: str) -> None:
+        ts = record.get("ts")
+        timed.append((ts if isinstance(ts, (int, float)) else float("inf"), text))
+
+    for n in s.notices:
+        add(n, f"stop notice in attempt {_cell(n.get('attempt'))} at {fmt_ts(n.get('ts'))}: "
+               f"{n.get('signal') or n.get('source') or '?'}, deadline {fmt_ts(n.get('deadline'))}")
+    for a in s.arbitrations:
+        add(a, f"arbitration (attempt {_cell(a.get('attempt'))}): {a.get('decision')}: "
+               f"{a.get('reason') or '-'}")
+    for q in s.requeues:
+        add(q, f"requeue of job {q.get('job_id') or '-'} ({q.get('how') or '-'}): "
+               f"{q.get('reason') or q.get('result') or '-'}")
+    for d in s.decisions:
+        add(d, f"decision after attempt {_cell(d.get('attempt'))}: {d.get('action')}: {d.get('reason') or '-'}")
+    for st in s.stalls:
+        add(st, f"stall in attempt {_cell(st.get('attempt'))} after step {_cell(st.get('last_step'))} "
+                f"({fmt_duration(st.get('idle_s'))} idle){'; stacks: ' + st['dump'] if st.get('dump') else ''}")
+    for sl in s.slowdowns:
+        add(sl, f"slowdown in attempt {_cell(sl.get('attempt'))}: {_cell(sl.get('rate'))} steps/s vs "
+                f"median {_cell(sl.get('median_rate'))}")
+    for la in s.loss_anomalies:
+        add(la, f"loss anomaly in attempt {_cell(la.get('attempt'))} at step {_cell(la.get('step'))}: "
+                f"{la.get('kind') or '?'} (loss {_cell(la.get('loss'))}, median {_cell(la.get('median'))})")
+    for ab in s.save_aborted:
+        add(ab, f"save aborted in attempt {_cell(ab.get('attempt'))}: {ab.get('path') or '-'}: "
+                f"{ab.get('reason') or '-'}")
+    for w in s.warnings:
+        add(w, f"supervisor warning (attempt {_cell(w.get('attempt'))}): {w.get('reason') or '-'}")
+    lines = [text for _, text in sorted(timed, key=lambda item: item[0])]
+    if s.control_dropped:
+        by = ", ".join(f"{k} {v}" for k, v in s.control_dropped_by_reason.items())
+        lines.append(f"control messages dropped: {s.control_dropped}{' (' + by + ')' if by else ''}")
+    if not lines:
+        lines.append("no notices, requeues, stalls, slowdowns or loss anomalies")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Block renderers
+
+
+def _text_table(b: Block) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in b.rows)) if b.rows else len(h) for i, h in enumerate(b.headers)]
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
+    return ["  " + line(b.headers), "  " + line(["-" * w for w in widths])] + ["  " + line(r) for r in b.rows]
+
+
+def to_text(blocks: Sequence[Block]) -> str:
+    out: list[str] = []
+    for b in blocks:
+        if b.kind == "h":
+            if out:
+                out.append("")
+            out.append(b.text)
+            out.append("=" * len(b.text) if not out[:-1] else "-" * len(b.text))
+        elif b.kind == "p":
+            out.append(b.text)
+        elif b.kind == "list":
+            out.extend(f"  - {item}" for item in b.items)
+        elif b.kind == "table":
+            out.extend(_text_table(b))
+    return "\n".join(out) + "\n"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(blocks: Sequence[Block]) -> str:
+    out: list[str] = []
+    first = True
+    for b in blocks:
+        if b.kind == "h":
+            out.append(("## " if first else "### ") + b.text)
+            out.append("")
+            first = False
+        elif b.kind == "p":
+            out.extend([b.text, ""])
+        elif b.kind == "list":
+            out.extend(f"- {_md_cell(item)}" for item in b.items)
+            out.append("")
+        elif b.kind == "table":
+            out.append("| " + " | ".join(_md_cell(h) for h in b.headers) + " |")
+            out.append("|" + "|".join("---" for _ in b.headers) + "|")
+            out.extend("| " + " | ".join(_md_cell(c) for c in r) + " |" for r in b.rows)
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def render_text(report: Report) -> str:
+    return to_text(report_blocks(report))
+
+
+def render_markdown(report: Report) -> str:
+    return to_markdown(report_blocks(report))
+
+
+# ---------------------------------------------------------------------------------------------
+# Status
+
+
+def status_blocks(view: StatusView) -> list[Block]:
+    lines = [f"state: {view.state}: {view.liveness_reason}"]
+    if view.attempt is not None:
+        age = f" ({fmt_duration(view.attempt_age)} ago)" if view.attempt_age is not None else ""
+        lines.append(f"attempt {view.attempt} (job {view.job_id or '-'}, {view.host or '-'}), "
+                     f"started {fmt_ts(view.attempt_start)}{age}")
+    if view.last_step is not None:
+        rate = f", {view.rate:.3g} steps/s" if view.rate is not None else ""
+        lines.append(f"step {view.last_step}{rate}, reported {fmt_duration(view.progress_age)} ago")
+    else:
+        lines.append("no step reported yet")
+    if view.last_checkpoint:
+        c = view.last_checkpoint
+        lines.append(f"last checkpoint: step {_cell(c.get('step'))} ({(str(c.get('path') or '-')).rsplit('/', 1)[-1]}), "
+                     f"{fmt_duration(view.checkpoint_age)} ago")
+    else:
+        lines.append("no checkpoint saved yet")
+    lines.append(f"restarts {view.restarts}, requeues {view.requeues}, steps lost so far {view.steps_lost}, "
+                 f"wall time lost {fmt_duration(view.wall_lost)}")
+    if view.last_failure:
+        f = view.last_failure
+        lines.append(f"last failure: attempt {f['attempt']} {f['class']} at step {_cell(f.get('step'))}: "
+                     f"{_short(f.get('evidence'), 120)}")
+    if view.outcome:
+        lines.append(f"run ended: {view.outcome} (exit {_cell(view.exit_code)}): {view.reason or '-'}")
+    blocks = [_h(f"Run {view.name or '?'} ({view.run_dir})"), _list(lines)]
+    if view.problems:
+        blocks += [_p("Problems:"), _list(view.problems)]
+    if view.warnings:
+        blocks += [_p("Warnings:"), _list(view.warnings)]
+    return blocks
+
+
+def render_status(view: StatusView) -> str:
+    return to_text(status_blocks(view))

@@ -1,0 +1,92 @@
+"""The one-screen live view (``supervise status``): a pure summary of a :class:`Report` plus what
+``lock.owner.json`` says about the supervisor holding the run. ``now`` is passed in."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .model import Report
+
+
+@dataclass(frozen=True)
+class StatusView:
+    name: str | None
+    run_dir: str | None
+    state: str  # running | finished | requeued | dead | unknown
+    alive: bool | None
+    liveness_reason: str
+    owner: Mapping[str, Any] | None
+    attempt: int | None
+    job_id: str | None
+    host: str | None
+    attempt_start: float | None
+    attempt_age: float | None
+    last_step: int | None
+    rate: float | None
+    progress_age: float | None
+    last_checkpoint: Mapping[str, Any] | None
+    checkpoint_age: float | None
+    restarts: int
+    requeues: int
+    steps_lost: int
+    wall_lost: float
+    last_failure: Mapping[str, Any] | None
+    outcome: str | None
+    exit_code: int | None
+    reason: str | None
+    problems: tuple[str, ...]
+    warnings: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _age(now: float, ts: float | None) -> float | None:
+    return None if ts is None else max(now - ts, 0.0)
+
+
+def summarize_status(report: Report, alive: bool | None, liveness_reason: str,
+                     owner: Mapping[str, Any] | None, now: float) -> StatusView:
+    """Where the run stands now. ``alive`` None means the holder is on another host."""
+    run = report.run
+    last_session_ended = bool(run.jobs) and run.jobs[-1].ended_by is not None
+    if alive:
+        state = "running"
+    elif last_session_ended or (run.outcome and not run.jobs):
+        state = "requeued" if run.outcome == "requeue" else "finished"
+    elif alive is None:
+        state = "unknown"
+    else:
+        state = "dead" if run.jobs else "not started"  # a supervisor started and vanished
+    current = report.attempts[-1] if report.attempts else None
+    last_step = None
+    rate = None
+    progress_ts = None
+    for a in reversed(report.attempts):
+        if a.last_step is not None:
+            last_step, rate, progress_ts = a.last_step, a.last_rate, a.last_progress_ts or a.end
+            break
+    failure = next((a for a in reversed(report.attempts) if a.failed), None)
+    ckpt = report.events_summary.last_checkpoint
+    return StatusView(
+        name=run.name, run_dir=run.run_dir, state=state, alive=alive, liveness_reason=liveness_reason,
+        owner=owner,
+        attempt=current.attempt if current else None,
+        job_id=current.job_id if current else None,
+        host=current.host if current else None,
+        attempt_start=current.start if current else None,
+        attempt_age=_age(now, current.start) if current and not current.ended else None,
+        last_step=last_step, rate=rate if state == "running" else None,
+        progress_age=_age(now, progress_ts),
+        last_checkpoint=ckpt, checkpoint_age=_age(now, ckpt.get("ts")) if ckpt else None,
+        restarts=run.restarts, requeues=run.requeues, steps_lost=run.steps_lost, wall_lost=run.wall_lost,
+        last_failure={"attempt": failure.attempt, "class": failure.end_class, "step": failure.evidence_step
+                      if failure.evidence_step is not None else failure.last_step,
+                      "evidence": failure.evidence, "action": failure.action} if failure else None,
+        outcome=run.outcome if state != "running" else None,
+        exit_code=run.exit_code if state != "running" else None,
+        reason=run.reason if state != "running" else None,
+        problems=run.problems, warnings=report.warnings,
+    )

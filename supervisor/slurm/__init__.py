@@ -1,0 +1,70 @@
+"""The Slurm facade: what the job's environment says, what the controller says, and requeue.
+
+    from supervisor.slurm import SlurmEnv, get_backend, needs_explicit_requeue
+    env = SlurmEnv.from_environ(os.environ)
+    slurm = get_backend()                 # pyslurm where it imports, else the CLI (any version)
+    info = slurm.job_info(env.job_id)     # JobInfo | None; info.grace_deadline during grace
+    slurm.requeue(env.job_id, expected_restarts=env.restart_count, exclude=[env.nodename])
+
+Backends raise :class:`supervisor.errors.SlurmError` (``argv``, ``returncode``, ``stderr``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any, Callable, Mapping
+
+from ..errors import SlurmError
+from .backend import RequeueResult, SlurmBackend
+from .cli_backend import SlurmCli
+from .env import SlurmEnv
+from .parse import JobInfo, expand_hostlist, parse_sbatch_job_id, parse_scontrol_job, parse_version
+from .pyslurm_backend import PyslurmBackend, load_pyslurm
+from .requeue_policy import RequeueNeed, needs_explicit_requeue, requeue_need
+
+BACKEND_CHOICES = ("auto", "cli", "pyslurm")
+
+__all__ = [
+    "BACKEND_CHOICES",
+    "JobInfo",
+    "PyslurmBackend",
+    "RequeueNeed",
+    "RequeueResult",
+    "SlurmBackend",
+    "SlurmCli",
+    "SlurmEnv",
+    "expand_hostlist",
+    "get_backend",
+    "needs_explicit_requeue",
+    "parse_sbatch_job_id",
+    "parse_scontrol_job",
+    "parse_version",
+    "requeue_need",
+]
+
+
+def get_backend(
+    prefer: str = "auto",
+    env: Mapping[str, str] | None = None,
+    importer: Callable[[str], ModuleType] = importlib.import_module,
+    **cli_options: Any,
+) -> SlurmBackend:
+    """The Slurm backend to use: ``auto`` = pyslurm when it imports against this libslurm, else
+    the CLI; ``cli`` / ``pyslurm`` force one (``pyslurm`` raises when it cannot be used).
+    ``env`` and ``cli_options`` (timeout, attempts, backoff) configure the CLI backend."""
+    if prefer not in BACKEND_CHOICES:
+        raise SlurmError(["get_backend", prefer], f"unknown Slurm backend {prefer!r}; use one of {', '.join(BACKEND_CHOICES)}")
+    cli = SlurmCli(env=env, **cli_options)
+    if prefer == "cli":
+        return cli
+    module = load_pyslurm(importer)
+    if module is not None:
+        return PyslurmBackend(module, cli)
+    if prefer == "pyslurm":
+        raise SlurmError(
+            ["import", "pyslurm"],
+            "pyslurm is not importable here (it must be built for this Slurm release; PyPI has 25.11 only); "
+            "use the CLI backend",
+        )
+    return cli

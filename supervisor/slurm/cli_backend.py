@@ -1,0 +1,274 @@
+"""Slurm through its command-line tools: works with every Slurm version (DESIGN.md §2).
+
+All subprocesses go through one seam, :meth:`SlurmCli.run`: argv lists only, never a shell, a
+timeout on every call, and retries with backoff (tenacity) for the failures a busy or restarting
+controller produces. A command that hangs is killed at its timeout and counts as transient.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from ..errors import SlurmError
+from .backend import RequeueResult
+from .parse import JobInfo, SlurmParseError, parse_sbatch_job_id, parse_scontrol_job, parse_version
+from .requeue_policy import ALREADY_PENDING_MESSAGE, check_requeue
+
+log = logging.getLogger("supervisor.slurm")
+
+# The controller was busy, restarting or unreachable: the same command may work a moment later.
+_TRANSIENT = re.compile(
+    r"Socket timed out|Unable to contact slurm controller|Connection refused|Connection reset"
+    r"|Zero Bytes were transmitted or received|backup controller in standby mode"
+    r"|Resource temporarily unavailable|Communication connection failure|try again later",
+    re.IGNORECASE,
+)
+# Failures where nothing reached the controller: safe to retry even a non-idempotent sbatch.
+_NOT_SENT = re.compile(
+    r"Unable to contact slurm controller|Connection refused|backup controller in standby mode", re.IGNORECASE
+)
+_NODE_NAME = re.compile(r"^[A-Za-z0-9._\-\[\]]+$")
+_INVALID_JOB = "Invalid job id specified"
+
+
+def slurm_error(argv: Sequence[str], message: str, returncode: int | None = None, stderr: str = "") -> SlurmError:
+    """A :class:`SlurmError` that also carries the command's stderr (``err.stderr``)."""
+    err = SlurmError(list(argv), message, returncode)
+    err.stderr = stderr  # type: ignore[attr-defined]
+    return err
+
+
+def is_transient(err: BaseException, idempotent: bool = True) -> bool:
+    """Worth retrying? A timeout or a busy/unreachable controller; for a non-idempotent command
+    only when nothing can have reached the controller."""
+    if not isinstance(err, SlurmError):
+        return False
+    stderr = getattr(err, "stderr", "") or ""
+    if getattr(err, "timed_out", False):
+        return idempotent
+    return bool((_TRANSIENT if idempotent else _NOT_SENT).search(stderr))
+
+
+class SlurmCli:
+    """The CLI backend. ``env``: the environment for the commands (default: this process's);
+    ``timeout``: seconds per command; ``attempts``: tries for transient failures; ``backoff``:
+    first wait between tries (doubling, capped at ``max_backoff``)."""
+
+    name = "cli"
+
+    def __init__(
+        self,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        attempts: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 4.0,
+    ) -> None:
+        self.env = dict(env) if env is not None else None
+        self.timeout = timeout
+        self.attempts = max(1, attempts)
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._version: tuple[int, int, int] | None = None
+
+    # ---- the one subprocess seam -------------------------------------------------------------
+    def run(self, argv: Sequence[str], timeout: float | None = None, idempotent: bool = True) -> str:
+        """Run a Slurm command; return its stdout. Raise :class:`SlurmError` (with ``.stderr``,
+        ``.returncode``) once it failed for good."""
+        argv = [str(a) for a in argv]
+        limit = self.timeout if timeout is None else timeout
+        retrying = Retrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=self.backoff, min=self.backoff, max=self.max_backoff),
+            retry=retry_if_exception(lambda e: is_transient(e, idempotent)),
+            before_sleep=lambda state: log.warning(
+                "slurm: %s failed (%s); retry %d/%d",
+                argv[0], state.outcome.exception() if state.outcome else "?", state.attempt_number, self.attempts - 1,
+            ),
+            reraise=True,
+        )
+        try:
+            return retrying(self._run_once, argv, limit)
+        except SlurmError as err:
+            if getattr(err, "timed_out", False) and self.attempts > 1 and idempotent:
+                raise slurm_error(
+                    argv,
+                    f"timed out after {limit:g} s, {self.attempts} times; is the Slurm controller down or overloaded?",
+                    None,
+                    getattr(err, "stderr", ""),
+                ) from err
+            raise
+
+    def _run_once(self, argv: list[str], timeout: float) -> str:
+        executable = self._which(argv)
+        try:
+            proc = subprocess.run(
+                [executable, *argv[1:]],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                encoding="utf-8",
+                errors="replace",  # a job name in another encoding must not crash the supervisor
+                timeout=timeout,
+                shell=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            err = slurm_error(argv, f"timed out after {timeout:g} s (command killed)", None, stderr)
+            err.timed_out = True  # type: ignore[attr-defined]
+            raise err from exc
+        except OSError as exc:
+            raise slurm_error(argv, f"could not run {executable}: {exc.strerror or exc}") from exc
+        if proc.returncode != 0:
+            stderr = proc.stderr.strip()
+            message = stderr.splitlines()[-1] if stderr else f"exited {proc.returncode} with no message"
+            raise slurm_error(argv, message, proc.returncode, stderr)
+        return proc.stdout
+
+    def _which(self, argv: list[str]) -> str:
+        path = (self.env if self.env is not None else os.environ).get("PATH", os.defpath)
+        found = shutil.which(argv[0], path=path)
+        if found is None:
+            raise slurm_error(
+                argv,
+                f"'{argv[0]}' not found on PATH; this is not a Slurm node, or Slurm's client commands "
+                "are not installed (run inside a Slurm job, or use --no-slurm)",
+            )
+        return found
+
+    # ---- queries ---------------------------------------------------------------------------------
+    def version(self) -> tuple[int, int, int]:
+        """(major, minor, patch) of the Slurm client tools, e.g. (22, 5, 8)."""
+        if self._version is None:
+            argv = ["scontrol", "--version"]
+            try:
+                self._version = parse_version(self.run(argv))
+            except SlurmParseError as exc:
+                raise slurm_error(argv, str(exc)) from exc
+        return self._version
+
+    def job_info(self, job_id: int | str) -> JobInfo | None:
+        """The job as ``scontrol show job -o`` shows it; None when Slurm no longer knows the id."""
+        argv = ["scontrol", "show", "job", "-o", str(job_id)]
+        try:
+            text = self.run(argv)
+        except SlurmError as err:
+            if _INVALID_JOB in (getattr(err, "stderr", "") or ""):
+                return None
+            raise
+        if not text.strip():
+            return None
+        try:
+            return parse_scontrol_job(text, job_id)
+        except SlurmParseError as exc:
+            raise slurm_error(argv, str(exc)) from exc
+
+    def queue_state(self, job_id: int | str) -> str | None:
+        """JobState from squeue (e.g. RUNNING, PENDING, COMPLETED); None once Slurm forgot the job."""
+        argv = ["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T"]
+        try:
+            out = self.run(argv)
+        except SlurmError as err:
+            if _INVALID_JOB in (getattr(err, "stderr", "") or ""):
+                return None
+            raise
+        lines = [line.strip() for line in out.splitlines() if line.strip()]
+        return lines[0] if lines else None
+
+    # ---- actions ------------------------------------------------------------------------------------
+    def requeue(
+        self, job_id: int | str, expected_restarts: int | None = None, exclude: Sequence[str] = ()
+    ) -> RequeueResult:
+        """Requeue the job, idempotently: a job already pending again is reported, not failed.
+
+        ``exclude``: nodes to add to the job's ExcNodeList once it is requeued (Slurm only lets a
+        pending job's ExcNodeList change, and accepts it right after the requeue)."""
+        job = str(job_id)
+        check = check_requeue(self.job_info(job), expected_restarts)
+        if not check.call_requeue and not check.already_requeued:
+            return RequeueResult(job, requeued=False, already=False, reason=check.reason)
+        requeued = False
+        reason = check.reason
+        if check.call_requeue:
+            argv = ["scontrol", "requeue", job]
+            try:
+                self.run(argv)
+                requeued, reason = True, f"requeued ({check.reason})"
+            except SlurmError as err:
+                stderr = getattr(err, "stderr", "") or ""
+                after = check_requeue(self.job_info(job), expected_restarts)
+                if not (after.already_requeued or ALREADY_PENDING_MESSAGE in stderr):
+                    raise self._explain_requeue_error(argv, err) from err
+                reason = f"already requeued (slurmctld: {stderr.strip() or after.reason})"
+        result = RequeueResult(job, requeued=requeued, already=not requeued, reason=reason)
+        if exclude:
+            try:
+                excluded = self.update_exclude(job, exclude)
+                return RequeueResult(job, requeued, not requeued, reason, excluded=excluded)
+            except SlurmError as err:
+                return RequeueResult(job, requeued, not requeued, reason, exclude_error=str(err))
+        return result
+
+    def update_exclude(self, job_id: int | str, nodes: Sequence[str]) -> tuple[str, ...]:
+        """Add ``nodes`` to the job's ExcNodeList (keeping what is there); return the new list.
+        The job must be pending (e.g. just requeued): Slurm refuses the change for a running job."""
+        job = str(job_id)
+        bad = [n for n in nodes if not _NODE_NAME.match(n)]
+        if bad:
+            raise slurm_error(["scontrol", "update", f"JobId={job}"], f"not a node name: {bad[0]!r}")
+        info = self.job_info(job)
+        if info is None:
+            raise slurm_error(["scontrol", "show", "job", job], f"job {job} no longer exists; cannot exclude nodes")
+        merged = tuple(dict.fromkeys([*info.exc_node_names, *nodes]))
+        argv = ["scontrol", "update", f"JobId={job}", f"ExcNodeList={','.join(merged)}"]
+        try:
+            self.run(argv)
+        except SlurmError as err:
+            if "no longer pending" in (getattr(err, "stderr", "") or ""):
+                raise slurm_error(
+                    argv,
+                    f"job {job} is running: Slurm changes ExcNodeList only while a job is pending; "
+                    "requeue it first (requeue(job_id, exclude=...))",
+                    err.returncode,
+                    getattr(err, "stderr", ""),
+                ) from err
+            raise
+        return merged
+
+    def submit(self, script_path: str | os.PathLike[str], extra_args: Sequence[str] = ()) -> int:
+        """``sbatch --parsable [extra_args] script``; the new job id. Not retried once it may have
+        reached the controller (a retry could submit twice)."""
+        path = Path(script_path)
+        if not path.is_file():
+            raise slurm_error(["sbatch", str(path)], f"batch script {path} does not exist")
+        argv = ["sbatch", "--parsable", *[str(a) for a in extra_args], str(path)]
+        out = self.run(argv, idempotent=False)
+        try:
+            return parse_sbatch_job_id(out)
+        except SlurmParseError as exc:
+            raise slurm_error(argv, str(exc)) from exc
+
+    def cancel(self, job_id: int | str) -> None:
+        """``scancel`` (tests and explicit user commands only: the supervisor never cancels a job)."""
+        self.run(["scancel", str(job_id)])
+
+    @staticmethod
+    def _explain_requeue_error(argv: list[str], err: SlurmError) -> SlurmError:
+        stderr = getattr(err, "stderr", "") or ""
+        if "presently disabled" in stderr:
+            return slurm_error(
+                argv,
+                f"job {argv[-1]} is not requeueable (Requeue=0): submit it with --requeue, "
+                "or ask the admin for JobRequeue=1",
+                err.returncode,
+                stderr,
+            )
+        return err

@@ -1,0 +1,164 @@
+"""Slurm through pyslurm's C-API binding, for sites where a matching pyslurm is installed.
+
+pyslurm builds only against the Slurm release it was made for (PyPI has 25.11 only;
+research/slurm-semantics.md §6), so this module imports it lazily and :func:`load_pyslurm` says
+why it cannot be used. Written against pyslurm's documented API (22.5.2+ ``pyslurm.Job``):
+``Job.load``, ``Job.requeue``, ``Job.modify(JobSubmitDescription(excluded_nodes=...))``,
+``Job.cancel`` and ``RPCError``. Submission goes through ``sbatch`` (pyslurm cannot take sbatch's
+command-line options), via :class:`~supervisor.slurm.cli_backend.SlurmCli`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+from ..errors import SlurmError
+from .backend import RequeueResult
+from .cli_backend import SlurmCli, slurm_error
+from .parse import JobInfo, SlurmParseError, expand_hostlist, parse_version
+from .requeue_policy import ALREADY_PENDING_MESSAGE, check_requeue
+
+_INVALID_JOB = "Invalid job id"
+
+
+def load_pyslurm(importer: Callable[[str], ModuleType] = importlib.import_module) -> ModuleType | None:
+    """pyslurm if it imports against this host's libslurm and has the modern Job API, else None."""
+    try:
+        module = importer("pyslurm")
+    except Exception:  # ImportError, or a libslurm symbol/version mismatch raised at import
+        return None
+    if not all(hasattr(module, name) for name in ("Job", "JobSubmitDescription", "RPCError")):
+        return None  # a pre-22.5.2 pyslurm without the Job class
+    return module
+
+
+class PyslurmBackend:
+    """The same interface as :class:`SlurmCli`, through pyslurm."""
+
+    name = "pyslurm"
+
+    def __init__(self, module: ModuleType, cli: SlurmCli | None = None) -> None:
+        self._pyslurm = module
+        self._cli = cli or SlurmCli()
+
+    def version(self) -> tuple[int, int, int]:
+        """pyslurm's version: its major.minor equals the Slurm release it was built against."""
+        text = str(getattr(self._pyslurm, "__version__", "") or self._call(["version"], self._pyslurm.version))
+        try:
+            return parse_version(text)
+        except SlurmParseError as exc:
+            raise slurm_error(["pyslurm.version"], str(exc)) from exc
+
+    def job_info(self, job_id: int | str) -> JobInfo | None:
+        argv = ["pyslurm.Job.load", str(job_id)]
+        try:
+            job = self._call(argv, self._pyslurm.Job.load, int(job_id))
+        except SlurmError as err:
+            if _INVALID_JOB in str(err):
+                return None
+            raise
+        return job_info_from_pyslurm(job)
+
+    def queue_state(self, job_id: int | str) -> str | None:
+        info = self.job_info(job_id)
+        return None if info is None else info.state
+
+    def requeue(
+        self, job_id: int | str, expected_restarts: int | None = None, exclude: Sequence[str] = ()
+    ) -> RequeueResult:
+        job = str(job_id)
+        check = check_requeue(self.job_info(job), expected_restarts)
+        if not check.call_requeue and not check.already_requeued:
+            return RequeueResult(job, requeued=False, already=False, reason=check.reason)
+        requeued, reason = False, check.reason
+        if check.call_requeue:
+            try:
+                self._call(["pyslurm.Job.requeue", job], self._pyslurm.Job(int(job)).requeue)
+                requeued, reason = True, f"requeued ({check.reason})"
+            except SlurmError as err:
+                after = check_requeue(self.job_info(job), expected_restarts)
+                if not (after.already_requeued or ALREADY_PENDING_MESSAGE in str(err)):
+                    raise
+                reason = f"already requeued (slurmctld: {err})"
+        if exclude:
+            try:
+                excluded = self.update_exclude(job, exclude)
+                return RequeueResult(job, requeued, not requeued, reason, excluded=excluded)
+            except SlurmError as err:
+                return RequeueResult(job, requeued, not requeued, reason, exclude_error=str(err))
+        return RequeueResult(job, requeued, not requeued, reason)
+
+    def update_exclude(self, job_id: int | str, nodes: Sequence[str]) -> tuple[str, ...]:
+        job = str(job_id)
+        info = self.job_info(job)
+        if info is None:
+            raise slurm_error(["pyslurm.Job.load", job], f"job {job} no longer exists; cannot exclude nodes")
+        merged = tuple(dict.fromkeys([*info.exc_node_names, *nodes]))
+        changes = self._pyslurm.JobSubmitDescription(excluded_nodes=list(merged))
+        self._call(["pyslurm.Job.modify", job, f"excluded_nodes={','.join(merged)}"],
+                   self._pyslurm.Job(int(job)).modify, changes)
+        return merged
+
+    def submit(self, script_path: str, extra_args: Sequence[str] = ()) -> int:
+        return self._cli.submit(script_path, extra_args)
+
+    def cancel(self, job_id: int | str) -> None:
+        self._call(["pyslurm.Job.cancel", str(job_id)], self._pyslurm.Job(int(job_id)).cancel)
+
+    def _call(self, argv: list[str], func: Callable[..., Any], *args: Any) -> Any:
+        """Run one pyslurm call; its RPCError becomes a SlurmError with the same words as the CLI's."""
+        try:
+            return func(*args)
+        except self._pyslurm.RPCError as exc:
+            message = str(getattr(exc, "msg", "") or exc)
+            raise slurm_error(argv, message, getattr(exc, "errno", None), message) from exc
+
+
+def job_info_from_pyslurm(job: Any) -> JobInfo:
+    """Map a ``pyslurm.Job`` onto :class:`JobInfo` (pyslurm gives epoch ints and a time limit in minutes)."""
+
+    def get(name: str, default: Any = None) -> Any:
+        value = getattr(job, name, default)
+        return default if value is None else value
+
+    def epoch(name: str) -> float | None:
+        value = get(name)
+        return float(value) if value else None
+
+    def text(name: str) -> str | None:
+        value = get(name)
+        return str(value) if value not in (None, "", "None", "(null)") else None
+
+    limit = get("time_limit")
+    nodes = text("allocated_nodes")
+    return JobInfo(
+        job_id=int(get("id")),
+        state=str(get("state", "UNKNOWN")),
+        reason=text("state_reason"),
+        name=text("name"),
+        partition=text("partition"),
+        restarts=int(get("requeue_count", 0)),
+        requeue=bool(get("is_requeueable", False)),
+        batch_flag=int(bool(get("is_batch_job", False))),
+        exit_code=get("exit_code"),
+        exit_signal=get("exit_code_signal"),
+        submit_time=epoch("submit_time"),
+        eligible_time=epoch("eligible_time"),
+        start_time=epoch("start_time"),
+        end_time=epoch("end_time"),
+        preempt_time=epoch("preempt_time"),
+        time_limit=int(limit) * 60 if isinstance(limit, (int, float)) else None,
+        run_time=get("run_time"),
+        nodes=nodes,
+        req_nodes=text("required_nodes"),
+        exc_nodes=text("excluded_nodes"),
+        num_nodes=get("num_nodes") or (len(expand_hostlist(nodes)) if nodes else None),
+        batch_host=text("batch_host"),
+        std_out=text("standard_output"),
+        std_err=text("standard_error"),
+        work_dir=text("working_directory"),
+        array_job_id=get("array_id"),
+        array_task_id=get("array_task_id"),
+    )

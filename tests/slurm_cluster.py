@@ -1,0 +1,644 @@
+"""A throwaway two-node Slurm cluster on this one host, for the tests and for a person.
+
+Everything lives in one directory of its own: a munge key and a munged on its own socket, a
+slurm.conf with free ports picked at start, slurmctld and two slurmd (``n1``, ``n2``), their state,
+spool, pid and log files. Nothing global is touched: no /etc/slurm, no system munged, no systemd;
+commands reach this cluster only through ``Cluster.env`` (``SLURM_CONF`` points at our slurm.conf).
+Recipe: DESIGN.md §10, research/slurm-semantics.md §8.
+
+A person::
+
+    python tests/slurm_cluster.py start [--dir DIR] [--grace 10]   # prints the export line
+    python tests/slurm_cluster.py status [--dir DIR]
+    python tests/slurm_cluster.py stop [--dir DIR] [--keep]
+
+Tests: ``start_cluster(base_dir) -> Cluster`` (conftest.py wraps it in a session fixture).
+Runs as root (SlurmUser=root), as in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from supervisor.slurm.parse import (
+    FINISHED_STATES,
+    JobInfo,
+    parse_fields,
+    parse_sbatch_job_id,
+    parse_scontrol_job,
+    parse_version,
+)
+
+DIR_PREFIX = "slurm-test-cluster-"  # fixture dirs: <tmp>/slurm-test-cluster-XXXX (owner pid recorded)
+MANUAL_DIR_NAME = "slurm-test-cluster"  # default dir of the command line; never auto-cleaned
+MARKER_ENV = "SLURM_TEST_CLUSTER_DIR"  # set in every daemon's environment; slurmstepd inherits it
+NODES = ("n1", "n2")
+CPUS_PER_NODE = 2  # declared, not detected (config_overrides): one --exclusive job fills a node
+DEFAULT_GRACE = 10
+DEFAULT_CRED_EXPIRE = 10  # also the BeginTime wait of a requeued job (+1 s); Slurm's minimum is 5
+REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "srun", "squeue", "scancel", "sinfo")
+
+
+class ClusterError(RuntimeError):
+    """The test cluster could not start or answer; the message says what and where the logs are."""
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A finished job: its final state as scontrol shows it, and its output file's text."""
+
+    job_id: int
+    info: JobInfo
+    output: str
+
+
+def _clean_environ(base: dict[str, str]) -> dict[str, str]:
+    """The caller's environment without any Slurm job variables: running the tests from inside a
+    real Slurm job must not make our sbatch/srun think they are inside that job."""
+    prefixes = ("SLURM_", "SLURMD_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_", "SCONTROL_", "SINFO_")
+    return {k: v for k, v in base.items() if not k.startswith(prefixes) and k != MARKER_ENV}
+
+
+class Cluster:
+    """A running throwaway cluster rooted at ``base_dir``."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = Path(base_dir).resolve()
+        self.conf_path = self.base_dir / "etc" / "slurm.conf"
+        self.shared_dir = self.base_dir / "shared"  # jobs and tests may write here
+        self.log_dir = self.base_dir / "log"
+        self.nodes = NODES
+        self.env: dict[str, str] = _clean_environ(dict(os.environ))
+        self.env["SLURM_CONF"] = str(self.conf_path)
+        self._script_counter = 0
+
+    # ---- state file -------------------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.base_dir / "cluster.json"
+
+    def read_state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    @property
+    def grace_time(self) -> int:
+        return int(self.read_state().get("grace_time", DEFAULT_GRACE))
+
+    # ---- commands ----------------------------------------------------------------------------
+    def command(self, argv: Sequence[str], timeout: float = 20.0, check: bool = True, cwd: Path | None = None):
+        """Run a Slurm client command against this cluster (argv list, never a shell)."""
+        proc = subprocess.run(
+            list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd
+        )
+        if check and proc.returncode != 0:
+            raise ClusterError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
+        return proc
+
+    def scontrol(self, *args: str, check: bool = True):
+        return self.command(["scontrol", *args], check=check)
+
+    def sbatch(self, script: str | Path, *args: str, cwd: Path | None = None) -> int:
+        """Submit ``script`` (a path, or the text of a script, written under the cluster dir)."""
+        path = self._script_path(script)
+        proc = self.command(["sbatch", "--parsable", *args, str(path)], cwd=cwd or self.shared_dir)
+        return parse_sbatch_job_id(proc.stdout)
+
+    def job_info(self, job_id: int | str) -> dict[str, str] | None:
+        """The raw ``Key=Value`` fields of ``scontrol show job -o``; None once the job is gone."""
+        text = self.job_text(job_id)
+        return None if text is None else parse_fields(text.splitlines()[0])
+
+    def job_text(self, job_id: int | str) -> str | None:
+        """The exact ``scontrol show job -o`` text (for captured test data), None once gone."""
+        proc = self.scontrol("show", "job", "-o", str(job_id), check=False)
+        if proc.returncode != 0:
+            if "Invalid job id" in proc.stderr:
+                return None
+            raise ClusterError(f"scontrol show job {job_id}: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def job(self, job_id: int | str) -> JobInfo | None:
+        text = self.job_text(job_id)
+        return None if text is None else parse_scontrol_job(text, job_id)
+
+    def wait_state(
+        self, job_id: int | str, states: str | Sequence[str], timeout: float = 60.0, min_restarts: int = 0
+    ) -> JobInfo:
+        """Poll until the job's JobState is one of ``states`` (and Restarts >= min_restarts)."""
+        wanted = {states} if isinstance(states, str) else set(states)
+        deadline = time.monotonic() + timeout
+        last: JobInfo | None = None
+        while True:
+            last = self.job(job_id)
+            if last is not None and last.state in wanted and last.restarts >= min_restarts:
+                return last
+            if time.monotonic() > deadline:
+                seen = "gone" if last is None else f"{last.state} reason={last.reason} restarts={last.restarts}"
+                raise ClusterError(f"job {job_id} not in {sorted(wanted)} after {timeout:.0f}s (last: {seen})")
+            time.sleep(0.2)
+
+    def wait_finished(self, job_id: int | str, timeout: float = 60.0) -> JobInfo:
+        return self.wait_state(job_id, FINISHED_STATES, timeout)
+
+    def run_job(self, script: str | Path, *args: str, timeout: float = 60.0, cwd: Path | None = None) -> JobResult:
+        """Submit, wait until the job has finished for good, return its final info and output."""
+        job_id = self.sbatch(script, *args, cwd=cwd)
+        info = self.wait_finished(job_id, timeout)
+        output = Path(info.std_out).read_text(errors="replace") if info.std_out and Path(info.std_out).exists() else ""
+        return JobResult(job_id, info, output)
+
+    def set_grace(self, seconds: int) -> None:
+        """Change GraceTime of the preemptible partition ``extra`` (takes effect for new preemptions)."""
+        self.scontrol("update", "PartitionName=extra", f"GraceTime={int(seconds)}")
+        state = self.read_state()
+        state["grace_time"] = int(seconds)
+        _write_json(self.state_file, state)
+
+    @contextlib.contextmanager
+    def grace(self, seconds: int) -> Iterator[None]:
+        """GraceTime=seconds for the duration of a ``with`` block, then back to what it was."""
+        before = self.grace_time
+        self.set_grace(seconds)
+        try:
+            yield
+        finally:
+            self.set_grace(before)
+
+    def node_states(self) -> dict[str, str]:
+        proc = self.command(["sinfo", "-h", "-N", "-o", "%N %t"], check=False, timeout=10)
+        states: dict[str, str] = {}
+        for line in proc.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                states[parts[0]] = parts[1]
+        return states
+
+    def queued_jobs(self) -> list[str]:
+        proc = self.command(["squeue", "-h", "-o", "%i %T"], check=False, timeout=10)
+        return [line for line in proc.stdout.splitlines() if line.strip()]
+
+    def cancel_all(self) -> None:
+        """Cancel every job of this cluster (tests only: the product never cancels)."""
+        proc = self.command(["squeue", "-h", "-o", "%i"], check=False, timeout=10)
+        ids = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+        if ids:
+            self.command(["scancel", *ids], check=False, timeout=10)
+
+    def wait_idle(self, timeout: float = 30.0) -> None:
+        """Wait until no job is queued or running and both nodes are idle."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.node_states()
+            jobs = self.queued_jobs()
+            if not jobs and states and all(s == "idle" for s in states.values()) and set(states) == set(self.nodes):
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"cluster not idle after {timeout:.0f}s: nodes={states} jobs={jobs}")
+            time.sleep(0.2)
+
+    def alive(self) -> bool:
+        pids = self.read_state().get("pids", {})
+        return bool(pids) and all(_is_ours(pid, self.base_dir) for pid in pids.values())
+
+    def log_tail(self, lines: int = 15) -> str:
+        out = []
+        for path in sorted(self.log_dir.glob("*.log")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {path}\n" + "\n".join(text))
+        return "\n".join(out)
+
+    def stop(self, keep: bool = False) -> None:
+        """Cancel jobs, stop the daemons, kill anything left that belongs to this cluster, and
+        remove the directory unless ``keep``."""
+        stop_cluster_dir(self.base_dir, keep=keep)
+
+    def _script_path(self, script: str | Path) -> Path:
+        if isinstance(script, Path):
+            return script
+        if "\n" not in script and Path(script).is_file():
+            return Path(script)
+        self._script_counter += 1
+        scripts = self.base_dir / "scripts"
+        scripts.mkdir(exist_ok=True)
+        path = scripts / f"job-{os.getpid()}-{self._script_counter}.sh"
+        text = script if script.startswith("#!") else "#!/bin/bash\n" + script
+        path.write_text(text)
+        path.chmod(0o755)
+        return path
+
+
+# ---- start ---------------------------------------------------------------------------------------
+def missing_binaries() -> list[str]:
+    return [name for name in REQUIRED_BINARIES if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
+
+
+def start_cluster(
+    base_dir: Path | str | None = None,
+    grace_time: int = DEFAULT_GRACE,
+    cred_expire: int = DEFAULT_CRED_EXPIRE,
+    owner_pid: int | None = None,
+    die_with_owner: bool = False,
+    timeout: float = 30.0,
+) -> Cluster:
+    """Start munged, slurmctld and two slurmd in ``base_dir`` (a fresh temp dir when None) and wait
+    until both nodes are idle. ``owner_pid``: the process whose death makes the cluster stale (a
+    later start cleans it up); ``die_with_owner``: the daemons get SIGTERM when the caller dies."""
+    missing = missing_binaries()
+    if missing:
+        raise ClusterError(
+            f"Slurm/munge not installed (missing: {', '.join(missing)}); install with "
+            "`apt-get install -y slurm-wlm munge`"
+        )
+    if os.geteuid() != 0:
+        raise ClusterError("the test cluster runs its daemons as root (SlurmUser=root); run the tests as root")
+    clean_stale_clusters()
+    if base_dir is None:
+        base_dir = Path(tempfile.mkdtemp(prefix=DIR_PREFIX))
+    base = Path(base_dir).resolve()
+    last_error: ClusterError | None = None
+    for _ in range(3):  # a port picked as free may be taken by someone else before we bind it
+        if base.exists() and (base / "cluster.json").exists():
+            stop_cluster_dir(base, keep=True)
+        try:
+            return _start_once(base, grace_time, cred_expire, owner_pid, die_with_owner, timeout)
+        except ClusterError as exc:
+            last_error = exc
+            if "Address already in use" not in str(exc):
+                break
+    stop_cluster_dir(base, keep=True)
+    raise last_error  # type: ignore[misc]
+
+
+def _start_once(
+    base: Path, grace_time: int, cred_expire: int, owner_pid: int | None, die_with_owner: bool, timeout: float
+) -> Cluster:
+    for sub in ("etc", "state", "log", "run", "shared", "scripts", *(f"spool-{n}" for n in NODES)):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(base, 0o755)
+    os.chmod(base / "shared", 0o1777)
+    cluster = Cluster(base)
+    key = base / "etc" / "munge.key"
+    if not key.exists():
+        key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    ports = _free_ports(1 + len(NODES))
+    version = installed_version()
+    conf = render_slurm_conf(base, ports, grace_time=grace_time, cred_expire=cred_expire, version=version)
+    cluster.conf_path.write_text(conf)
+    (base / "etc" / "plugstack.conf").write_text("")
+    if version >= (24, 5):  # no cgroups here; the option exists from 24.05 (slurm-semantics §8.1)
+        (base / "etc" / "cgroup.conf").write_text("CgroupPlugin=disabled\nIgnoreSystemd=yes\n")
+    state = {
+        "base_dir": str(base),
+        "owner_pid": owner_pid,
+        "owner_start": _proc_start_time(owner_pid) if owner_pid else None,
+        "ports": ports,
+        "slurm_version": list(version),
+        "grace_time": grace_time,
+        "cred_expire": cred_expire,
+        "pids": {},
+    }
+    _write_json(cluster.state_file, state)
+    daemon_env = dict(cluster.env)
+    daemon_env[MARKER_ENV] = str(base)
+    sock = base / "run" / "munge.sock"
+    commands = {
+        "munged": [
+            _binary("munged"), "-F", "--force", f"--socket={sock}", f"--key-file={key}",
+            f"--pid-file={base / 'run' / 'munged.pid'}", f"--log-file={base / 'log' / 'munged.log'}",
+            f"--seed-file={base / 'run' / 'munged.seed'}",
+        ],
+        "slurmctld": [_binary("slurmctld"), "-D", "-c", "-i", "-f", str(cluster.conf_path)],
+        **{f"slurmd-{n}": [_binary("slurmd"), "-D", "-N", n, "-f", str(cluster.conf_path)] for n in NODES},
+    }
+    deadline = time.monotonic() + timeout
+    try:
+        for name, argv in commands.items():
+            state["pids"][name] = _spawn(argv, daemon_env, base / "log" / f"{name}.stderr", die_with_owner)
+            _write_json(cluster.state_file, state)
+            if name == "munged":
+                _wait_for(lambda: sock.exists(), deadline, "munged did not create its socket", cluster)
+            elif name == "slurmctld":
+                _wait_for(lambda: cluster.command(["scontrol", "ping"], check=False, timeout=5).returncode == 0,
+                          deadline, "slurmctld did not answer `scontrol ping`", cluster)
+        _wait_for(lambda: _all_idle(cluster), deadline, "nodes n1, n2 did not become idle", cluster)
+    except BaseException:
+        stop_cluster_dir(base, keep=True)
+        raise
+    return cluster
+
+
+def installed_version() -> tuple[int, int, int]:
+    """The installed slurmctld's version (``slurmctld -V`` needs no config)."""
+    proc = subprocess.run([_binary("slurmctld"), "-V"], capture_output=True, text=True, timeout=20)
+    return parse_version(proc.stdout + proc.stderr)
+
+
+def render_slurm_conf(
+    base: Path, ports: Sequence[int], grace_time: int, cred_expire: int, version: tuple[int, int, int] = (22, 5, 8)
+) -> str:
+    """The slurm.conf of the throwaway cluster (DESIGN.md §10). Verified on 22.05.8; the lines that
+    change with the release follow research/slurm-semantics.md §8 (unverified there)."""
+    host = socket.gethostname().split(".")[0]
+    task_plugin = "TaskPlugin=task/none" if version < (23, 11) else "# TaskPlugin: task/none is gone from 23.11"
+    requeue_delay = f",requeue_delay={int(cred_expire)}" if version >= (25, 11) else ""
+    ctld_port, *node_ports = ports
+    node_lines = "\n".join(
+        f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={CPUS_PER_NODE} State=UNKNOWN"
+        for name, port in zip(NODES, node_ports)
+    )
+    return f"""# Throwaway test cluster written by tests/slurm_cluster.py; safe to delete with its directory.
+ClusterName=sstest
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={ctld_port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={base}/run/munge.sock,cred_expire={int(cred_expire)}
+StateSaveLocation={base}/state
+SlurmdSpoolDir={base}/spool-%n
+SlurmctldPidFile={base}/run/slurmctld.pid
+SlurmdPidFile={base}/run/slurmd-%n.pid
+SlurmctldLogFile={base}/log/slurmctld.log
+SlurmdLogFile={base}/log/slurmd-%n.log
+SlurmctldDebug=info
+SlurmdDebug=info
+PlugStackConfig={base}/etc/plugstack.conf
+MailProg={shutil.which("true") or "/bin/true"}
+ProctrackType=proctrack/linuxproc
+{task_plugin}
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SlurmdParameters=config_overrides
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=1{requeue_delay}
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+KillWait=5
+MinJobAge=300
+InactiveLimit=0
+JobRequeue=1
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+{node_lines}
+PartitionName=extra Nodes=ALL Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={int(grace_time)} MaxTime=INFINITE State=UP
+PartitionName=own Nodes=ALL Default=NO PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
+"""
+
+
+def _all_idle(cluster: Cluster) -> bool:
+    states = cluster.node_states()
+    return set(states) == set(NODES) and all(s == "idle" for s in states.values())
+
+
+def _wait_for(predicate, deadline: float, what: str, cluster: Cluster) -> None:
+    while True:
+        dead = [n for n, pid in cluster.read_state().get("pids", {}).items() if not _pid_alive(pid)]
+        if dead:
+            raise ClusterError(f"{what}: {', '.join(dead)} exited\n{_failure_context(cluster)}")
+        try:
+            if predicate():
+                return
+        except (subprocess.TimeoutExpired, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise ClusterError(f"{what} in time\n{_failure_context(cluster)}")
+        time.sleep(0.1)
+
+
+def _failure_context(cluster: Cluster) -> str:
+    stderr = []
+    for path in sorted(cluster.log_dir.glob("*.stderr")):
+        text = path.read_text(errors="replace").strip()
+        if text:
+            stderr.append(f"--- {path}\n{text[-1500:]}")
+    return "\n".join(stderr + [cluster.log_tail()])
+
+
+def _spawn(argv: list[str], env: dict[str, str], stderr_path: Path, die_with_owner: bool) -> int:
+    with open(stderr_path, "ab") as err:
+        proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+            start_new_session=True,  # a Ctrl-C in the terminal must not hit the daemons mid-teardown
+            preexec_fn=_set_parent_death_signal if die_with_owner else None,
+        )
+    return proc.pid
+
+
+def _set_parent_death_signal() -> None:
+    """In the child before exec: get SIGTERM when the starting process dies (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name) or (str(Path("/usr/sbin", name)) if Path("/usr/sbin", name).exists() else None)
+    if found is None:
+        raise ClusterError(f"{name} not found; install with `apt-get install -y slurm-wlm munge`")
+    return found
+
+
+def _free_ports(count: int) -> list[int]:
+    """Ports the kernel says are free now (bound together so they differ)."""
+    socks = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            socks.append(sock)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)
+
+
+# ---- stop / cleanup ------------------------------------------------------------------------------
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (our own un-reaped child) counts as dead
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _proc_start_time(pid: int | None) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _environ_has_marker(pid: int, base: Path) -> bool:
+    try:
+        data = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{MARKER_ENV}={base}".encode() in data.split(b"\0")
+
+
+def _is_ours(pid: int | None, base: Path) -> bool:
+    return bool(pid) and _pid_alive(pid) and _environ_has_marker(int(pid), base)
+
+
+def _own_ancestors() -> set[int]:
+    pids, pid = set(), os.getpid()
+    while pid > 1:
+        pids.add(pid)
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+    return pids
+
+
+def _marked_processes(base: Path) -> list[int]:
+    """Every process carrying this cluster's marker: daemons, slurmstepd, what they started."""
+    spare = _own_ancestors()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) not in spare and _environ_has_marker(int(entry.name), base):
+            found.append(int(entry.name))
+    return found
+
+
+def _signal_pids(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _wait_gone(pids: Sequence[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if _pid_alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        for pid in left:  # reap our own children so they do not linger as zombies
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+        left = [p for p in left if _pid_alive(p)]
+    return left
+
+
+def stop_cluster_dir(base: Path | str, keep: bool = False) -> None:
+    """Stop the cluster rooted at ``base`` (whoever started it) and remove the dir unless ``keep``."""
+    base = Path(base).resolve()
+    cluster = Cluster(base)
+    state = cluster.read_state()
+    pids = {name: pid for name, pid in state.get("pids", {}).items() if _is_ours(pid, base)}
+    if "slurmctld" in pids and cluster.conf_path.exists():
+        # Ask Slurm first, so job processes get their TERM from their own slurmstepd.
+        with contextlib.suppress(Exception):
+            cluster.cancel_all()
+            deadline = time.monotonic() + 8
+            while cluster.queued_jobs() and time.monotonic() < deadline:
+                time.sleep(0.2)
+    order = [n for n in pids if n.startswith("slurmd")] + [n for n in ("slurmctld", "munged") if n in pids]
+    _signal_pids([pids[n] for n in order], signal.SIGTERM)
+    left = _wait_gone([pids[n] for n in order], 10)
+    _signal_pids(left, signal.SIGKILL)
+    _wait_gone(left, 5)
+    stragglers = _marked_processes(base)  # slurmstepd and job processes that outlived their slurmd
+    _signal_pids(stragglers, signal.SIGKILL)
+    _wait_gone(stragglers, 5)
+    if state:
+        state["pids"] = {}
+        with contextlib.suppress(OSError):
+            _write_json(cluster.state_file, state)
+    if not keep:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def clean_stale_clusters(tmp_root: Path | None = None) -> list[Path]:
+    """Stop and remove fixture clusters whose owner process is gone (a crashed earlier session).
+    A cluster started from the command line (no owner) or owned by a live process is left alone."""
+    root = Path(tmp_root or tempfile.gettempdir())
+    cleaned = []
+    for base in sorted(root.glob(DIR_PREFIX + "*")):
+        state = Cluster(base).read_state()
+        owner = state.get("owner_pid")
+        if not state or owner is None:
+            continue
+        if _pid_alive(owner) and _proc_start_time(owner) == state.get("owner_start"):
+            continue
+        stop_cluster_dir(base)
+        cleaned.append(base)
+    return cleaned
+
+
+# ---- command line ----------------------------------------------------------------------------------
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Throwaway two-node Slurm test cluster on this host.")
+    parser.add_argument("action", choices=("start", "stop", "status"))
+    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / MANUAL_DIR_NAME)
+    parser.add_argument("--grace", type=int, default=DEFAULT_GRACE, help="GraceTime of partition extra (s)")
+    parser.add_argument("--keep", action="store_true", help="stop: keep the directory (logs, state)")
+    args = parser.parse_args(argv)
+    base = args.dir.resolve()
+    if args.action == "start":
+        if Cluster(base).alive():
+            print(f"already running in {base}\nexport SLURM_CONF={base / 'etc' / 'slurm.conf'}")
+            return 0
+        try:
+            cluster = start_cluster(base, grace_time=args.grace)
+        except ClusterError as exc:
+            print(f"slurm_cluster: could not start: {exc}", file=sys.stderr)
+            return 1
+        print(f"cluster up in {base} (nodes {', '.join(NODES)}; partitions extra, own)")
+        print(f"export SLURM_CONF={cluster.conf_path}")
+        return 0
+    if args.action == "stop":
+        stop_cluster_dir(base, keep=args.keep)
+        print(f"stopped {base}" + (" (kept)" if args.keep else " (removed)"))
+        return 0
+    cluster = Cluster(base)
+    if not cluster.alive():
+        print(f"not running ({base})")
+        return 1
+    print(f"running in {base}: nodes {cluster.node_states()} jobs {cluster.queued_jobs()}")
+    print(f"export SLURM_CONF={cluster.conf_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

@@ -1,0 +1,67 @@
+"""Zero-code save detection from the checkpoint directory alone, with real file writes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import ckpt_factory as cf
+from supervisor.checkpoints.watch import DirWatcher
+
+
+def test_atomic_save_seen_from_temp_to_rename(tmp_path: Path) -> None:
+    cf.save_zip(tmp_path / "step=100.ckpt", 100)
+    watcher = DirWatcher(tmp_path)
+    assert not watcher.poll(1000.0).in_flight  # existing checkpoints are the baseline, not saves
+    temp = tmp_path / ".step=200.ckpt.tmp-99-abcd"
+    temp.write_bytes(b"x" * 5000)
+    activity = watcher.poll(1001.0)
+    assert activity.in_flight and activity.path == str(tmp_path / "step=200.ckpt")
+    assert activity.bytes == 5000 and activity.since == 1001.0
+    with open(temp, "ab") as handle:
+        handle.write(b"y" * 5000)
+    assert watcher.poll(1002.0).bytes == 10000
+    os.replace(temp, tmp_path / "step=200.ckpt")
+    done = watcher.poll(1003.5)
+    assert not done.in_flight
+    (save,) = done.completed
+    assert save.path == str(tmp_path / "step=200.ckpt") and save.bytes == 10000
+    assert save.first_seen == 1001.0 and save.done_at == 1003.5 and save.duration == 2.5
+    assert watcher.poll(1004.0).completed == ()  # reported once
+
+
+def test_in_place_write_is_in_flight_until_it_stops_changing(tmp_path: Path) -> None:
+    watcher = DirWatcher(tmp_path)
+    watcher.poll(0.0)
+    target = tmp_path / "epoch=0-step=50.ckpt"
+    with open(target, "wb") as handle:
+        handle.write(b"a" * 100)
+        handle.flush()
+        assert watcher.poll(1.0).in_flight
+        handle.write(b"b" * 100)
+        handle.flush()
+        assert watcher.poll(2.0).in_flight
+    activity = watcher.poll(3.0)
+    assert not activity.in_flight and [c.bytes for c in activity.completed] == [200]
+
+
+def test_temp_removed_without_rename_is_an_aborted_save(tmp_path: Path) -> None:
+    watcher = DirWatcher(tmp_path)
+    watcher.poll(0.0)
+    temp = tmp_path / ".last.ckpt.tmp-1-ff"
+    temp.write_bytes(b"z" * 10)
+    assert watcher.poll(1.0).in_flight
+    temp.unlink()
+    activity = watcher.poll(2.0)
+    assert not activity.in_flight and activity.completed == ()
+
+
+def test_dcp_dir_save_completes_when_metadata_is_renamed_in(tmp_path: Path) -> None:
+    watcher = DirWatcher(tmp_path)
+    watcher.poll(0.0)
+    ckpt = cf.save_dcp(tmp_path / "step-40", 40)
+    os.rename(ckpt / ".metadata", ckpt / ".metadata.tmp")
+    assert watcher.poll(1.0).in_flight
+    os.rename(ckpt / ".metadata.tmp", ckpt / ".metadata")
+    activity = watcher.poll(2.0)
+    assert not activity.in_flight and [c.path for c in activity.completed] == [str(ckpt)]

@@ -1,0 +1,457 @@
+"""Failure classification (supervisor.failures.classify) and restart decisions (decide).
+
+The log fixtures under tests/data/logs/ are modelled on the formats of real public reports (PyTorch,
+NCCL, torchrun/torchelastic, Slurm, DataLoader, faulthandler, glibc, UCX): multi-rank interleaving,
+``srun --label`` and ``[rankN]:`` prefixes, tqdm ``\\r`` redraws, ANSI colours. The crashers under
+tests/crashers/ are real child processes that crash in real ways; their real output and status are
+classified.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from supervisor.budget import AttemptRecord
+from supervisor.cli import main
+from supervisor.config import DEFAULT_POLICY, ClassPolicy
+from supervisor.failures import (
+    DEFAULT_PATTERNS, Failure, classify, decide, parse_signal, signal_class, with_class,
+)
+from supervisor.states import Action, FailureClass as FC
+
+LOGS = Path(__file__).parent / "data" / "logs"
+CRASHERS = Path(__file__).parent / "crashers"
+
+# (fixture, exit_code, signal, class, evidence substring, step, node, rank). None = "must be None".
+CASES = [
+    # first failure wins: the CUDA error on one rank, not the watchdog timeouts and aborts it causes
+    ("ima_accelerator_error_ddp_rank_prefix.log", 1, None, FC.ILLEGAL_MEMORY_ACCESS,
+     "torch.AcceleratorError: CUDA error: an illegal memory access", 1200, None, 2),
+    ("ima_runtimeerror_then_watchdog_abort.log", 134, None, FC.ILLEGAL_MEMORY_ACCESS,
+     "RuntimeError: CUDA error: an illegal memory access", 41900, None, None),
+    ("terminate_c10_error_ima.log", None, signal.SIGABRT, FC.ILLEGAL_MEMORY_ACCESS,
+     "what():  CUDA error: an illegal memory access", 1024, None, None),
+    ("crlf_srun_label_ima.log", 1, None, FC.ILLEGAL_MEMORY_ACCESS, "illegal memory access", 210, "gpu-q2", 0),
+    # NCCL: timeouts only when nothing caused them
+    ("nccl_watchdog_timeout_abort.log", 143, None, FC.NCCL_ERROR, "Watchdog caught collective operation timeout",
+     9000, "gpu-a07", 1),
+    ("nccl_watchdog_got_stuck.log", 134, None, FC.NCCL_ERROR, "Heartbeat monitor timed out", None, "gpu-c11", 5),
+    ("nccl_unhandled_system_error.log", 1, None, FC.NCCL_ERROR, "unhandled system error", None, None, 7),
+    ("nccl_unhandled_cuda_error_oom.log", 1, None, FC.CUDA_OOM, "Cuda failure 'out of memory'", None, None, None),
+    # native crashes: srun -K's 143 hides the 139; faulthandler; glibc; UCX; tqdm debris
+    ("srun_label_segv_then_terminated.log", 143, None, FC.NATIVE_CRASH,
+     "srun: error: n2: task 1: Segmentation fault", 5000, "n2", 1),
+    ("faulthandler_segfault_native_reader.log", None, signal.SIGSEGV, FC.NATIVE_CRASH,
+     "Fatal Python error: Segmentation fault", 15230, None, None),
+    ("glibc_double_free.log", 134, None, FC.NATIVE_CRASH, "double free or corruption", 3, None, None),
+    ("mpirun_tag_output_ucx_segv.log", 139, None, FC.NATIVE_CRASH, "Caught signal 11 (Segmentation fault", 250,
+     None, 0),
+    ("tqdm_debris_then_segfault.log", 139, None, FC.NATIVE_CRASH, "Segmentation fault (core dumped)", 1500,
+     None, None),
+    ("logged_exception_then_segfault.log", 139, None, FC.NATIVE_CRASH, "Segmentation fault", 330, None, None),
+    # torchrun summaries: the root cause, not the first entry listed
+    ("torchrun_childfailed_sigsegv.log", 1, None, FC.NATIVE_CRASH, "Signal 11 (SIGSEGV) received by PID 28773",
+     3000, "gpu-node-07.cluster.local", 0),
+    ("torchrun_childfailed_root_cause_not_first_listed.log", 1, None, FC.NATIVE_CRASH, "exitcode  : -6 (pid: 5277)",
+     None, "node-b2", 4),
+    ("torchrun_worker_valueerror_then_summary.log", 1, None, FC.PYTHON_EXCEPTION,
+     "ValueError: sequence of length 9011 exceeds max_seq_len=8192", 820, None, 0),
+    ("torchrun_record_error_file_oom.log", 1, None, FC.CUDA_OOM, "torch.OutOfMemoryError: CUDA out of memory", None,
+     "a100-node-3", 1),
+    # device-side asserts win over the illegal memory accesses they provoke, even printed first
+    ("device_assert_indexkernel_then_ima.log", 1, None, FC.DEVICE_ASSERT, "IndexKernel.cu:94", 77, None, 0),
+    ("device_assert_after_ima_other_rank.log", 1, None, FC.DEVICE_ASSERT, "Assertion `srcIndex < srcSelectDimSize`",
+     77, None, 0),
+    ("device_assert_nll_loss.log", 1, None, FC.DEVICE_ASSERT, "Assertion `t >= 0 && t < n_classes` failed", None,
+     None, None),  # the only counter is Lightning's per-epoch bar: progress, not a global step
+    # CUDA OOM, launch failures
+    ("cuda_oom_outofmemoryerror.log", 1, None, FC.CUDA_OOM, "torch.OutOfMemoryError: CUDA out of memory", 200,
+     None, 3),
+    ("cuda_oom_runtimeerror_old.log", 1, None, FC.CUDA_OOM, "RuntimeError: CUDA out of memory", 1500, None, None),
+    ("tqdm_ansi_oom.log", 1, None, FC.CUDA_OOM, "torch.OutOfMemoryError: CUDA out of memory", 340, None, None),
+    ("deepspeed_pdsh_prefix_oom.log", 1, None, FC.CUDA_OOM, "Tried to allocate 1.25 GiB", 40, None, 9),
+    ("cuda_unspecified_launch_failure.log", 1, None, FC.CUDA_LAUNCH_FAILURE, "unspecified launch failure", 61050,
+     None, None),
+    ("triton_misaligned_address.log", 1, None, FC.CUDA_LAUNCH_FAILURE, "misaligned address", 7410, None, None),
+    # hardware and node faults
+    ("ecc_uncorrectable.log", 1, None, FC.HARDWARE_FAULT, "uncorrectable ECC error", 88000, "gpu-d04", None),
+    ("xid79_fallen_off_bus.log", 1, None, FC.HARDWARE_FAULT, "CUDA error: unknown error", 20110, None, 6),
+    ("cuda_unknown_error.log", 1, None, FC.HARDWARE_FAULT, "CUDA error: unknown error", 300, None, None),
+    ("nvlink_uncorrectable.log", 1, None, FC.HARDWARE_FAULT, "uncorrectable NVLink error", 5120, None, 4),
+    ("nccl_ib_completion_error.log", 1, None, FC.HARDWARE_FAULT, "NET/IB : Got completion from peer", 3300,
+     "gpu-e09", None),
+    ("dataloader_bus_error_shm.log", 1, None, FC.SHM_EXHAUSTED, "insufficient shared memory (shm)", 12, None, None),
+    ("shm_torch_file_no_space.log", 1, None, FC.SHM_EXHAUSTED, "No space left on device", 640, None, None),
+    ("bus_error_then_shm_explanation.log", None, signal.SIGBUS, FC.SHM_EXHAUSTED, "out of shared memory", 18,
+     None, None),
+    # the scheduler
+    ("slurm_preempted.log", 143, None, FC.PREEMPTED, "DUE TO PREEMPTION", 70400, "gpu-a12", None),
+    ("exit0_preempted_lightning.log", 0, None, FC.PREEMPTED, "DUE TO PREEMPTION", None, "gpu-x1", None),
+    ("slurm_time_limit.log", 143, None, FC.TIME_LIMIT, "DUE TO TIME LIMIT", 99100, "gpu-a12", None),
+    ("slurm_node_failure.log", None, None, FC.NODE_FAILURE, "Node failure on gpu-b03", 4400, "gpu-b03", None),
+    ("slurm_user_cancel.log", 143, None, FC.CANCELLED, "CANCELLED AT 2024-06-03T09:00:01 ***", 120, "gpu-a12",
+     None),
+    ("slurm_oom_kill_dataloader.log", 1, None, FC.HOST_OOM, "Detected 1 oom_kill event", 2210, "nid001277", None),
+    ("slurm_oom_kill_old_cgroup.log", 137, None, FC.HOST_OOM, "oom-kill event(s)", None, "Orion-01-01", None),
+    ("host_memoryerror.log", 1, None, FC.HOST_OOM, "Unable to allocate 149. GiB", 70, None, None),
+    ("killed_137_bash.log", 137, None, FC.KILLED, "55123 Killed", 820, None, None),
+    # Python exceptions: the root cause of a chain, from the first traceback
+    ("python_exception_chained.log", 1, None, FC.PYTHON_EXCEPTION, "KeyError: 'tabby_cat'", 5, None, None),
+    ("python_exception_direct_cause.log", 1, None, FC.PYTHON_EXCEPTION, "FileNotFoundError: [Errno 2]", None, None,
+     None),
+    ("rich_traceback_valueerror.log", 1, None, FC.PYTHON_EXCEPTION, "ValueError: loss is nan", 10, None, None),
+    ("tail_starts_mid_traceback.log", 1, None, FC.PYTHON_EXCEPTION, "mat1 and mat2 shapes cannot be multiplied",
+     None, None, None),
+    ("keyboard_interrupt.log", 130, None, FC.CANCELLED, "KeyboardInterrupt", 44, None, None),
+    # status alone
+    ("unknown_exit_no_evidence.log", 3, None, FC.UNKNOWN, None, 300, None, None),
+    ("completed.log", 0, None, FC.COMPLETED, None, 10000, None, None),
+]
+
+
+def _read(name: str) -> str:
+    return (LOGS / name).read_bytes().decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("name, exit_code, sig, cls, evidence, step, node, rank", CASES,
+                         ids=[c[0].removesuffix(".log") for c in CASES])
+def test_log_fixture_is_classified_by_its_first_failure(name, exit_code, sig, cls, evidence, step, node, rank):
+    failure = classify(exit_code, sig, _read(name))
+    assert failure.cls == cls, failure.reason
+    assert failure.action == (Action.STOP if cls == FC.COMPLETED else DEFAULT_POLICY[cls].action)
+    if evidence is None:
+        assert not any("error" in e.lower() for e in failure.evidence)
+    else:
+        assert any(evidence in line for line in failure.evidence), failure.evidence
+        assert failure.context, "context lines around the first error"
+    assert failure.step == step
+    assert failure.node == node
+    assert failure.rank == rank
+    assert failure.reason
+    for line in failure.evidence + failure.context:
+        assert "\x1b" not in line and "\r" not in line
+
+
+def test_the_fixtures_cover_every_class_the_text_can_show():
+    """HANG is the supervisor's own verdict (no output shows it); every other class has a real-format case."""
+    covered = {c[3] for c in CASES}
+    assert set(FC) - covered == {FC.HANG}
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in LOGS.glob("*.log")))
+def test_text_alone_classifies_every_fixture_the_same_way(name):
+    """Without an exit status (``supervise classify LOG``) the text still finds the same first failure."""
+    expected = {c[0]: c for c in CASES}[name]
+    failure = classify(None, None, _read(name))
+    if expected[3] == FC.COMPLETED:
+        assert failure.cls == FC.UNKNOWN  # no status, no failure evidence: not provably complete
+    elif expected[3] == FC.UNKNOWN:
+        assert failure.cls == FC.UNKNOWN
+    elif expected[2] is not None and expected[1] is None and expected[3] == FC.NATIVE_CRASH \
+            and "Fatal Python error" not in _read(name):
+        assert failure.cls in (FC.NATIVE_CRASH, FC.UNKNOWN)
+    else:
+        assert failure.cls == expected[3], failure.reason
+
+
+# --------------------------------------------------------------------------------------------- first failure
+
+
+def test_watchdog_abort_after_an_illegal_memory_access_is_an_illegal_memory_access():
+    text = ("[rank1]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+            "[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.\n"
+            "[rank0]:terminate called after throwing an instance of 'c10::DistBackendError'\n"
+            "srun: error: n1: task 0: Aborted (core dumped)\n")
+    failure = classify(134, None, text)
+    assert failure.cls == FC.ILLEGAL_MEMORY_ACCESS
+    assert failure.rank == 1
+
+
+def test_a_watchdog_timeout_printed_before_its_cause_still_loses_to_the_cause():
+    text = ("[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=1) ran for 600000 milliseconds before timing out.\n"
+            "[rank3]: torch.AcceleratorError: CUDA error: unspecified launch failure\n")
+    assert classify(1, None, text).cls == FC.CUDA_LAUNCH_FAILURE
+
+
+def test_terminated_before_the_segfault_line_is_an_echo():
+    text = "srun: error: n1: task 0: Terminated\nsrun: error: n2: task 1: Segmentation fault (core dumped)\n"
+    failure = classify(143, None, text)
+    assert failure.cls == FC.NATIVE_CRASH
+    assert (failure.node, failure.rank) == ("n2", 1)
+
+
+def test_cuda_error_is_a_python_exception_in_text_but_the_text_decides():
+    text = ("Traceback (most recent call last):\n  File \"t.py\", line 3, in <module>\n    x.sum()\n"
+            "torch.AcceleratorError: CUDA error: an illegal memory access was encountered\n")
+    assert classify(1, None, text).cls == FC.ILLEGAL_MEMORY_ACCESS
+
+
+def test_a_traceback_in_code_is_not_read_as_evidence():
+    """A frame's source line that mentions an error name must not count as that error."""
+    text = ("Traceback (most recent call last):\n  File \"train.py\", line 9, in step\n"
+            "    except torch.OutOfMemoryError:\n  File \"train.py\", line 12, in step\n"
+            "    raise ValueError('bad batch')\nValueError: bad batch\n")
+    failure = classify(1, None, text)
+    assert failure.cls == FC.PYTHON_EXCEPTION
+    assert failure.evidence == ("ValueError: bad batch",)
+
+
+def test_exit_zero_is_completed_even_after_a_logged_traceback():
+    text = "Traceback (most recent call last):\n  File \"x.py\", line 1\nOSError: upload failed\nstep 10\ndone\n"
+    assert classify(0, None, text).cls == FC.COMPLETED
+
+
+def test_empty_output_classifies_from_the_status_alone():
+    assert classify(None, signal.SIGSEGV, "").cls == FC.NATIVE_CRASH
+    assert classify(139, None, "").cls == FC.NATIVE_CRASH  # 128 + 11, srun style
+    assert classify(-6, None, "").cls == FC.NATIVE_CRASH  # subprocess returncode style
+    assert classify(137, None, "").cls == FC.KILLED
+    assert classify(None, signal.SIGINT, "").cls == FC.CANCELLED
+    assert classify(2, None, "").cls == FC.UNKNOWN
+    assert classify(None, None, "").cls == FC.UNKNOWN
+    assert classify(0, None, "").cls == FC.COMPLETED
+    failure = classify(139, None, "step 5\n")
+    assert failure.evidence == ("killed by SIGSEGV (exit status 139)",)
+    assert failure.step == 5
+
+
+def test_only_echoes_in_the_text_and_a_fault_in_the_status_is_a_native_crash():
+    failure = classify(None, signal.SIGSEGV, "srun: error: n1: task 0: Terminated\n")
+    assert failure.cls == FC.NATIVE_CRASH
+
+
+def test_policy_decides_the_action():
+    policy = dict(DEFAULT_POLICY)
+    policy[FC.NATIVE_CRASH] = ClassPolicy(action=Action.STOP, retries=0)
+    assert classify(None, signal.SIGSEGV, "", policy=policy).action == Action.STOP
+    assert classify(None, signal.SIGSEGV, "").action == Action.RESTART
+
+
+def test_user_step_regex_finds_the_step():
+    text = "[train] it=4200 loss=1\nSegmentation fault (core dumped)\n"
+    assert classify(139, None, text).step is None
+    assert classify(139, None, text, step_regex=r"it=(\d+)").step == 4200
+
+
+def test_huge_input_and_huge_lines_are_handled():
+    """A tail of many MB with lines over 64 KiB still classifies (lines are cut, input is capped)."""
+    junk = ("x" * 200_000 + "\n") * 30 + "".join(f"\r{i}/100000 [00:01<00:01]" for i in range(20_000))
+    text = junk + "\nstep 77 loss 1\nRuntimeError: CUDA error: misaligned address\n"
+    failure = classify(1, None, text)
+    assert failure.cls == FC.CUDA_LAUNCH_FAILURE
+    assert failure.step == 77
+    assert all(len(line) <= 600 for line in failure.context)
+
+
+def test_pattern_table_is_data_with_a_priority():
+    assert all(p.priority in (0, 1, 2, 3) and p.label for p in DEFAULT_PATTERNS)
+    assert {p.cls for p in DEFAULT_PATTERNS if isinstance(p.cls, FC)} >= {
+        FC.PREEMPTED, FC.TIME_LIMIT, FC.NODE_FAILURE, FC.CANCELLED, FC.HOST_OOM, FC.DEVICE_ASSERT, FC.CUDA_OOM,
+        FC.ILLEGAL_MEMORY_ACCESS, FC.CUDA_LAUNCH_FAILURE, FC.HARDWARE_FAULT, FC.SHM_EXHAUSTED, FC.NCCL_ERROR,
+        FC.NATIVE_CRASH}
+
+
+@pytest.mark.parametrize("text, number", [("SEGV", 11), ("SIGSEGV", 11), ("sigsegv", 11), ("11", 11),
+                                          ("KILL", 9), ("-6", 6)])
+def test_parse_signal(text, number):
+    assert parse_signal(text) == number
+
+
+@pytest.mark.parametrize("text", ["SIGNOPE", "0", "99", ""])
+def test_parse_signal_rejects_nonsense(text):
+    with pytest.raises(ValueError):
+        parse_signal(text)
+
+
+def test_signal_classes():
+    assert signal_class(signal.SIGBUS) == FC.NATIVE_CRASH
+    assert signal_class(signal.SIGTERM) == FC.KILLED
+    assert signal_class(signal.SIGINT) == FC.CANCELLED
+
+
+# --------------------------------------------------------------------------------------------- real crashes
+
+
+def _no_core() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _run(script: str, via_shell: bool = False) -> tuple[int, str]:
+    path = str(CRASHERS / script)
+    argv = ["bash", "-c", f'"{sys.executable}" "{path}"; exit $?'] if via_shell else [sys.executable, path]
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30, preexec_fn=_no_core)
+    return proc.returncode, proc.stdout.decode("utf-8", errors="replace")
+
+
+def _status(rc: int) -> tuple[int | None, int | None]:
+    return (None, -rc) if rc < 0 else (rc, None)
+
+
+@pytest.mark.parametrize("script, cls, evidence, step", [
+    ("segv_ctypes.py", FC.NATIVE_CRASH, "killed by SIGSEGV", 3),
+    ("segv_faulthandler.py", FC.NATIVE_CRASH, "Fatal Python error: Segmentation fault", 5),
+    ("abort.py", FC.NATIVE_CRASH, "killed by SIGABRT", 12),
+    ("sigkill_self.py", FC.KILLED, "killed by SIGKILL", 40),
+    ("raises_chained.py", FC.PYTHON_EXCEPTION, "KeyError: 'tabby'", 3),
+    ("raises_cuda_like.py", FC.ILLEGAL_MEMORY_ACCESS, "torch.AcceleratorError: CUDA error", 99),
+])
+def test_real_crash_is_classified(script, cls, evidence, step):
+    rc, out = _run(script)
+    failure = classify(*_status(rc), out)
+    assert failure.cls == cls, (rc, out[-500:], failure.reason)
+    assert any(evidence in line for line in failure.evidence), failure.evidence
+    assert failure.step == step
+
+
+@pytest.mark.parametrize("script, status, cls", [
+    ("segv_ctypes.py", 139, FC.NATIVE_CRASH),
+    ("abort.py", 134, FC.NATIVE_CRASH),
+    ("sigkill_self.py", 137, FC.KILLED),
+])
+def test_real_crash_under_a_shell_reports_128_plus_n_and_its_message(script, status, cls):
+    """Under a shell (sbatch scripts, srun) the status is 128+N and bash prints the signal's name."""
+    rc, out = _run(script, via_shell=True)
+    assert rc == status
+    failure = classify(rc, None, out)
+    assert failure.cls == cls
+    assert failure.evidence and "exit status" not in failure.evidence[0]  # bash's own line is the evidence
+
+
+# --------------------------------------------------------------------------------------------- decide
+
+
+def _rec(n: int, cls: FC | None, job: str = "100") -> AttemptRecord:
+    return AttemptRecord(attempt=n, job_id=job, cls=cls)
+
+
+def _failure(cls: FC, node: str | None = None) -> Failure:
+    return Failure(cls=cls, action=DEFAULT_POLICY[cls].action, evidence=("evidence line",), node=node)
+
+
+def test_restart_backoff_doubles_and_stops_beyond_retries():
+    history: list[AttemptRecord] = []
+    delays = []
+    for n in range(1, 4):
+        d = decide(_failure(FC.NATIVE_CRASH), history, DEFAULT_POLICY, "100")
+        assert d.action == Action.RESTART
+        delays.append(d.delay)
+        history.append(_rec(n, FC.NATIVE_CRASH))
+    assert delays == [2.0, 4.0, 8.0]
+    d = decide(_failure(FC.NATIVE_CRASH), history, DEFAULT_POLICY, "100")
+    assert d.action == Action.STOP
+    assert "native_crash 4 times in a row; policy allows 3 restarts" in d.reason
+
+
+def test_backoff_is_capped():
+    policy = {FC.NATIVE_CRASH: ClassPolicy(action=Action.RESTART, retries=10, backoff=10.0, backoff_max=15.0)}
+    history = [_rec(1, FC.NATIVE_CRASH), _rec(2, FC.NATIVE_CRASH)]
+    assert decide(_failure(FC.NATIVE_CRASH), history, policy, None).delay == 15.0
+
+
+def test_another_class_breaks_the_streak_and_unknown_ends_do_not():
+    history = [_rec(1, FC.NATIVE_CRASH), _rec(2, FC.NATIVE_CRASH), _rec(3, FC.PREEMPTED), _rec(4, FC.NATIVE_CRASH)]
+    d = decide(_failure(FC.NATIVE_CRASH), history, DEFAULT_POLICY, "100")
+    assert d.action == Action.RESTART and d.delay == 4.0
+    history = [_rec(1, FC.NATIVE_CRASH), _rec(2, None), _rec(3, FC.NATIVE_CRASH), _rec(4, FC.NATIVE_CRASH)]
+    assert decide(_failure(FC.NATIVE_CRASH), history, DEFAULT_POLICY, "100").action == Action.STOP
+
+
+def test_stop_classes_stop_at_once_and_say_why():
+    d = decide(_failure(FC.DEVICE_ASSERT), [], DEFAULT_POLICY, "100")
+    assert d.action == Action.STOP and "device_assert" in d.reason and d.delay == 0
+
+
+def test_hardware_fault_requeues_away_from_the_node_then_stops():
+    d = decide(_failure(FC.HARDWARE_FAULT, node="gpu-d04"), [], DEFAULT_POLICY, "100")
+    assert d.action == Action.REQUEUE and d.exclude_nodes == ("gpu-d04",)
+    history = [_rec(1, FC.HARDWARE_FAULT), _rec(2, FC.HARDWARE_FAULT)]
+    assert decide(_failure(FC.HARDWARE_FAULT), history, DEFAULT_POLICY, "100").action == Action.STOP
+
+
+def test_completed_needs_no_decision():
+    d = decide(_failure(FC.PREEMPTED).__class__(FC.COMPLETED, Action.STOP), [], DEFAULT_POLICY, None)
+    assert d.action == Action.STOP and "completed" in d.reason
+
+
+def test_with_class_takes_the_policy_action():
+    hang = with_class(_failure(FC.UNKNOWN), FC.HANG, "no progress for 600s")
+    assert (hang.cls, hang.action, hang.reason) == (FC.HANG, Action.RESTART, "no progress for 600s")
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def _invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_cli_classify_json():
+    result = _invoke("classify", str(LOGS / "srun_label_segv_then_terminated.log"), "--exit-code", "143", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["class"] == "native_crash" and data["action"] == "restart"
+    assert data["evidence"] == ["srun: error: n2: task 1: Segmentation fault (core dumped)"]
+    assert (data["step"], data["node"], data["rank"]) == (5000, "n2", 1)
+    assert data["reason"]
+
+
+@pytest.mark.parametrize("spelling", ["SEGV", "SIGSEGV", "11"])
+def test_cli_classify_signal_spellings(spelling):
+    result = _invoke("classify", str(LOGS / "unknown_exit_no_evidence.log"), "--signal", spelling)
+    assert result.exit_code == 0
+    assert "class:    native_crash" in result.stdout
+
+
+def test_cli_classify_human_output_names_the_evidence():
+    result = _invoke("classify", str(LOGS / "device_assert_nll_loss.log"))
+    assert result.exit_code == 0
+    assert "class:    device_assert" in result.stdout and "action:   stop" in result.stdout
+    assert "Assertion `t >= 0 && t < n_classes` failed" in result.stdout
+
+
+def test_cli_classify_bad_input(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text("step 1\n")
+    both = _invoke("classify", str(log), "--exit-code", "1", "--signal", "SEGV")
+    assert both.exit_code == 2 and "not both" in both.output
+    assert _invoke("classify", str(tmp_path / "missing.log")).exit_code == 2
+    assert _invoke("classify", str(tmp_path)).exit_code == 2
+    binary = tmp_path / "core"
+    binary.write_bytes(bytes(range(256)) * 64)
+    result = _invoke("classify", str(binary))
+    assert result.exit_code == 2 and "binary" in result.output
+    bad_signal = _invoke("classify", str(log), "--signal", "SIGNOPE")
+    assert bad_signal.exit_code == 2 and "unknown signal" in bad_signal.output
+
+
+def test_cli_classify_empty_log_is_unknown_with_a_note(tmp_path):
+    log = tmp_path / "empty.log"
+    log.write_text("")
+    result = _invoke("classify", str(log), "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["class"] == "unknown"
+    assert "empty" in result.stderr
+    assert json.loads(_invoke("classify", str(log), "--json", "--exit-code", "139").stdout)["class"] == "native_crash"
+
+
+def test_cli_classify_reads_only_the_tail(tmp_path):
+    """A huge log: only the last --tail-mb are read; a failure before that is out of sight."""
+    log = tmp_path / "big.log"
+    with open(log, "w") as fh:
+        fh.write("RuntimeError: CUDA out of memory. Tried to allocate 2 GiB\n")
+        fh.write(("step 1 loss 1.0 " + "." * 100 + "\n") * 30_000)
+        fh.write("srun: error: n3: task 2: Segmentation fault (core dumped)\n")
+    result = _invoke("classify", str(log), "--json", "--tail-mb", "1")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["class"] == "native_crash"
