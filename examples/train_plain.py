@@ -211,7 +211,7 @@ def emergency_save_wanted(wait: float = 0.5) -> bool:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Tiny MLP on synthetic data, supervised.")
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--save-every", type=int, default=10, help="0 = only the final checkpoint")
+    p.add_argument("--save-every", type=int, default=10, help="0 = never save (benchmarks)")
     p.add_argument("--keep", type=int, default=3, help="step checkpoints kept (never fewer than 2)")
     p.add_argument("--step-time", type=float, default=0.0, help="sleep per step, seconds")
     p.add_argument("--save-bytes", type=int, default=0, help="pad each checkpoint with this many bytes")
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        client.heartbeat(step, loss=loss)  # a tensor is converted only when a datagram goes out
+        client.heartbeat(step, loss=loss.detach())  # converted only when a datagram goes out
         if step % args.log_every == 0 or step == args.steps:
             print(f"step {step} loss {loss.item():.6f}", flush=True)
         inject_faults(step, device)
@@ -297,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     if timed_from is not None and step > timed_from:
         rate = (step - timed_from) / (time.perf_counter() - timed_start)
         print(f"throughput {rate:.3f} steps/s over steps {timed_from}..{step}", flush=True)
-    if last_saved != step:
-        save(step)
+    if args.save_every and last_saved != step:
+        save(step)  # the final state
     if hasattr(client, "done"):
         client.done()  # training is complete: an exit after this is not a preemption stop
     print(f"training complete at step {step}", flush=True)

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # DDP all-reduces the gradients here
         optimizer.step()
-        client.heartbeat(step, loss=loss)
+        client.heartbeat(step, loss=loss.detach())
         if rank == 0 and (step % args.log_every == 0 or step == args.steps):
             print(f"step {step} loss {loss.item():.6f}", flush=True)
         if rank == fault_rank:

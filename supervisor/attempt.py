@@ -63,6 +63,10 @@ class AttemptState:
         Returns True when this is the first step of the attempt (time for the resume audit).
         """
         if source == "regex" and self.step_source == "client":
+            # The client throttles heartbeats, so a crash can hide its last steps from it; the
+            # output still shows them. Let them raise the last step, never set the first.
+            if self.last_step is not None and step > self.last_step:
+                self.last_step, self.last_step_at = step, now
             return False
         if source == "client" and self.step_source != "client":
             self.step_source = "client"

@@ -346,7 +346,11 @@ def _progress_of(record: AttemptRecord, steps_known: bool) -> int | None:
 
 def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job_id: str | None) -> BudgetVerdict:
     """Is the run still within its budgets? ``records``: the whole ledger, the attempt that just ended
-    included. The first exhausted budget (in the order of :class:`BudgetConfig`) is named."""
+    included. The first exhausted budget is named, the most specific diagnosis first: restarts per
+    allocation, total restarts, the same failure at the same step, too little progress between two
+    crashes, total steps lost, steps lost as a fraction of progress (judged only once
+    ``MIN_LOSSES_FOR_FRACTION`` attempts lost steps: one crash before the first checkpoint loses all
+    progress so far, which is the class retry limit's business, not a pattern)."""
     records = list(records)
     if not records:
         return BudgetVerdict(True, None, "no attempts yet", {"attempts": 0})
@@ -384,6 +388,16 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
                     f"{b.max_restarts_per_allocation} restarts per allocation")
     if b.max_total_restarts is not None and total > b.max_total_restarts:
         return stop("max_total_restarts", f"{total} crashes across the run; at most {b.max_total_restarts} restarts")
+    if b.same_failure_limit is not None and same >= b.same_failure_limit:
+        return stop("same_failure_limit",
+                    f"crash loop: {last.cls.value if last.cls else '?'} at step {step_key} {same} times; limit "
+                    f"{b.same_failure_limit}")
+    if (b.min_progress_between_crashes is not None and prev is not None and is_crash(last.cls)
+            and is_crash(prev.cls) and last_progress is not None and last_progress < b.min_progress_between_crashes):
+        return stop("min_progress_between_crashes",
+                    f"crash loop: attempt {last.attempt} advanced {last_progress} steps between two crashes "
+                    f"({prev.cls.value if prev.cls else '?'} then {last.cls.value if last.cls else '?'}); "
+                    f"at least {b.min_progress_between_crashes} required")
     if b.max_steps_lost is not None and total_lost > b.max_steps_lost:
         return stop("max_steps_lost", f"{total_lost} steps lost across the run; at most {b.max_steps_lost}")
     if (b.max_steps_lost_fraction is not None and fraction is not None and losses >= MIN_LOSSES_FOR_FRACTION
@@ -391,16 +405,6 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
         return stop("max_steps_lost_fraction",
                     f"{total_lost} steps lost for {progress} steps of progress ({fraction:.0%}); at most "
                     f"{b.max_steps_lost_fraction:.0%}")
-    if (b.min_progress_between_crashes is not None and prev is not None and is_crash(last.cls)
-            and is_crash(prev.cls) and last_progress is not None and last_progress < b.min_progress_between_crashes):
-        return stop("min_progress_between_crashes",
-                    f"crash loop: attempt {last.attempt} advanced {last_progress} steps between two crashes "
-                    f"({prev.cls.value if prev.cls else '?'} then {last.cls.value if last.cls else '?'}); "
-                    f"at least {b.min_progress_between_crashes} required")
-    if b.same_failure_limit is not None and same >= b.same_failure_limit:
-        return stop("same_failure_limit",
-                    f"{last.cls.value if last.cls else '?'} at step {step_key} {same} times; limit "
-                    f"{b.same_failure_limit}")
     parts = [f"{in_alloc} restarts in this allocation" + _of(b.max_restarts_per_allocation),
              f"{total} in total" + _of(b.max_total_restarts),
              f"{total_lost} steps lost" + _of(b.max_steps_lost)]

@@ -46,6 +46,7 @@ class RunLockedError(SupervisorError):
 class SlurmError(SupervisorError):
     """A Slurm command failed, hung, or is missing."""
 
-    def __init__(self, argv: list[str], message: str, returncode: int | None = None) -> None:
-        self.argv, self.returncode = argv, returncode
+    def __init__(self, argv: list[str], message: str, returncode: int | None = None, stderr: str = "",
+                 timed_out: bool = False) -> None:
+        self.argv, self.returncode, self.stderr, self.timed_out = argv, returncode, stderr, timed_out
         super().__init__(f"{' '.join(argv)}: {message}")

@@ -55,6 +55,7 @@ class Event:
     event: str
     ts: float
     fields: dict[str, Any] = field(default_factory=dict)
+    version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
         record = {"ts": round(self.ts, 6), "event": self.event, "v": FORMAT_VERSION}
@@ -78,10 +79,10 @@ def parse_line(line: str) -> Event | None:
         return None
     ts = record.pop("ts", None)
     name = record.pop("event")
-    record.pop("v", None)
+    version = record.pop("v", 0)
     if not isinstance(ts, (int, float)):
         return None
-    return Event(name, float(ts), record)
+    return Event(name, float(ts), record, version if isinstance(version, int) else 0)
 
 
 @dataclass
@@ -104,10 +105,7 @@ def read_events(path: Path) -> ReadResult:
                 if text.strip():
                     bad += 1
                 continue
-            try:
-                versions.add(int(json.loads(text).get("v", 0)))
-            except (ValueError, TypeError):
-                pass
+            versions.add(ev.version)
             events.append(ev)
     return ReadResult(events, bad, versions)
 

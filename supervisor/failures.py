@@ -29,7 +29,10 @@ How the first failure is found (the table :data:`DEFAULT_PATTERNS` holds the evi
 
 Output is read line by line, with ``\\r`` progress-bar redraws split, ANSI colours removed, and
 ``srun --label`` / ``[rank3]:`` / ``[default0]:`` / ``mpirun --tag-output`` prefixes taken off (they
-name the rank). Work is linear in the input; lines over 64 KiB are cut.
+name the rank). The step is the last *global* step reported before the first error, read with the
+shared patterns of :mod:`supervisor.progress` (a per-epoch progress bar is progress, not a step: None
+rather than a wrong number). Work is linear in the input: each pattern carries literal ``needles``,
+one ``str.find`` sweep per needle picks the few lines worth a regex; lines over 64 KiB are cut.
 """
 
 from __future__ import annotations
@@ -37,10 +40,8 @@ from __future__ import annotations
 import re
 import signal as _signal
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence, Union
-
-from tenacity import RetryCallState, wait_exponential
 
 from .config import DEFAULT_POLICY, ClassPolicy
 from .progress import DEFAULT_STEP_PATTERNS, StepExtractor
@@ -50,8 +51,8 @@ if TYPE_CHECKING:
     from .budget import AttemptRecord
 
 __all__ = [
-    "DEFAULT_PATTERNS", "DEFAULT_STEP_PATTERNS", "Decision", "Failure", "FailurePattern",
-    "classify", "decide", "parse_signal", "signal_class", "with_class",
+    "CAUSE", "CONSEQUENCE", "DEFAULT_PATTERNS", "DEFAULT_STEP_PATTERNS", "Decision", "ECHO", "Failure",
+    "FailurePattern", "VERDICT", "classify", "decide", "parse_signal", "signal_class", "with_class",
 ]
 
 FC = FailureClass
@@ -310,6 +311,8 @@ DEFAULT_PATTERNS: tuple[FailurePattern, ...] = (
        "DataLoader worker killed by a signal", ("dataloader worker",)),
     _p(FC.UNKNOWN, _DATALOADER + r"exited unexpectedly", CONSEQUENCE, "DataLoader worker exited unexpectedly",
        ("dataloader worker",)),
+    _p(FC.NATIVE_CRASH, r"Unexpected (?:segmentation fault|floating-point exception|bus error) encountered in worker",
+       CAUSE, "DataLoader worker crashed", ("encountered in worker",)),
     _p(FC.CANCELLED, r"^KeyboardInterrupt\b|srun: (?:sending Ctrl-C|interrupt \(one more within"
                      r"|forcing job termination)",
        CAUSE, "interrupted (Ctrl-C)", ("keyboardinterrupt", "srun: ")),
@@ -424,7 +427,7 @@ _PREFIX_FIRST = frozenset("[ \t0123456789")
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
 _EXC_LINE = re.compile(
     r"^(?P<name>(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*)(?P<colon>:(?:\s.*)?)?$")
-_EXC_SUFFIX = re.compile(r"(?:Error|Exception|Interrupt|Exit|Warning|Failure|Fault|Timeout|Failed|Iteration)$")
+_EXC_SUFFIX = re.compile(r"(?:Error|Exception|Interrupt|Exit|Warning|Failure|Fault|Timeout|Failed|Iteration|Group)$")
 _FRAME_START = ("File ", "│", "╭", "╰", "┃", "^", "~")
 _NODE_PATTERNS = (
     re.compile(r"srun: error: (?P<node>[\w.\-]+): tasks? (?P<rank>\d+)"),
@@ -544,9 +547,13 @@ def _exception_name(text: str) -> str | None:
         return None
     name = m.group("name")
     last = name.rsplit(".", 1)[-1]
-    if m.group("colon") is None and not _EXC_SUFFIX.search(last) and last != "StopIteration":
+    if not last[:1].isupper():
         return None
-    if not (last[:1].isupper() or "." in name):
+    # Python prints non-builtin exceptions with their module (``torch.OutOfMemoryError``); builtins and
+    # most others end in Error/Exception/...: a bare ``INFO: saving`` from another writer is neither.
+    if "." not in name and not _EXC_SUFFIX.search(last):
+        return None
+    if m.group("colon") is None and not _EXC_SUFFIX.search(last):
         return None
     return name
 
@@ -619,7 +626,7 @@ def _scan(lines: list[_Line], patterns: Sequence[FailurePattern], union: tuple[s
                         del open_tb[line.stream]
                         known = candidates is None or line.idx in candidates
                         skip_until = _add_exception(lines, line, body, name, tb.start, patterns if known else (),
-                                                    None, matches)
+                                                    matches)
                         continue
         tb_at = _TRACEBACK.search(text)
         if tb_at is not None:
@@ -639,10 +646,9 @@ def _scan(lines: list[_Line], patterns: Sequence[FailurePattern], union: tuple[s
 
 
 def _add_exception(lines: list[_Line], line: _Line, body: str, name: str, start: int,
-                   patterns: Sequence[FailurePattern], union: tuple[str, ...] | None,
-                   matches: list[_Match]) -> int:
+                   patterns: Sequence[FailurePattern], matches: list[_Match]) -> int:
     """A traceback's final line: evidence by the table if a pattern knows it, else a Python exception."""
-    found = _best_match(body, patterns, union)
+    found = _best_match(body, patterns, None)
     if found is None:
         cls = FC.CANCELLED if name.endswith("KeyboardInterrupt") else FC.PYTHON_EXCEPTION
         matches.append(_Match(line.idx, start, None, cls, CAUSE, False, f"Python exception {name}", rank=line.rank))
@@ -755,13 +761,14 @@ class _Steps:
         return None
 
     def went_on_after(self, idx: int, floor: int | None) -> bool:
-        """Two later lines report steps beyond ``floor``: training went on."""
-        count = 0
+        """Two distinct later steps beyond ``floor``: training went on. (Ranks in lock step can each
+        print one more step after a peer died, never two.)"""
+        later: set[int] = set()
         for i in range(idx + 1, len(self._lines)):
             step = self.at(i)
             if step is not None and (floor is None or step > floor):
-                count += 1
-                if count >= 2:
+                later.add(step)
+                if len(later) >= 2:
                     return True
         return False
 
@@ -862,6 +869,8 @@ def classify(
     shared patterns of :mod:`supervisor.progress`). ``patterns``: a replacement evidence table.
     Exit 0 is ``completed`` unless the scheduler's own message says the job was taken away.
     """
+    if signal is None and exit_code is not None and exit_code < 0:  # subprocess's returncode -N
+        exit_code, signal = None, -exit_code
     table = tuple(patterns) if patterns is not None else DEFAULT_PATTERNS
     union = _DEFAULT_UNION if patterns is None else _needle_union(table)
     text = output_tail or ""
@@ -873,63 +882,56 @@ def classify(
     steps = _Steps(lines, extractor)
     chosen, others = _choose(matches, lines, steps)
     sig, inferred = _signal_from_status(exit_code, signal)
-    status = _status_text(exit_code, signal if signal is not None else (sig if not inferred else None))
+    status = _status_text(exit_code, None if inferred else sig)
 
-    def result(cls: FailureClass, reason: str, m: _Match | None = None) -> Failure:
+    def from_text(cls: FailureClass, reason: str, m: _Match) -> Failure:
+        node, rank = _locate(m, lines)
+        where = ", ".join(x for x in (f"node {node}" if node else "", f"rank {rank}" if rank is not None else "")
+                          if x)
+        lo = max(m.line - CONTEXT_BEFORE, 0)
+        return Failure(cls, _policy_action(cls, policy),
+                       evidence=tuple(_clean(lines[i].text) for i in sorted({m.line, *m.extra})),
+                       context=tuple(_clean(ln.raw) for ln in lines[lo:m.line + CONTEXT_AFTER + 1]),
+                       step=steps.before(m.start), node=node, rank=rank, exit_code=exit_code, signal=signal,
+                       reason=reason.replace("{where}", f" ({where})" if where else ""))
+
+    def from_status(cls: FailureClass, reason: str) -> Failure:
         evidence: tuple[str, ...] = ()
-        context: tuple[str, ...] = ()
-        step = node = rank = None
-        if m is not None:
-            idxs = sorted({m.line, *m.extra})
-            evidence = tuple(_clean(lines[i].text) for i in idxs)
-            lo = max(m.line - CONTEXT_BEFORE, 0)
-            context = tuple(_clean(ln.raw) for ln in lines[lo:m.line + CONTEXT_AFTER + 1])
-            step = steps.before(m.start)
-            node, rank = _locate(m, lines)
-            where = ", ".join(x for x in (f"node {node}" if node else "", f"rank {rank}" if rank is not None else "")
-                              if x)
-            reason = reason.replace("{where}", f" ({where})" if where else "")
-        else:
-            if sig is not None and cls != FC.COMPLETED:
-                evidence = (_status_text(None, sig) + (f" (exit status {exit_code})" if inferred else ""),)
-            step = steps.before(len(lines) - 1) if lines else None
-        return Failure(cls, _policy_action(cls, policy), evidence, context, step, node, rank,
-                       exit_code, signal, reason)
+        if sig is not None and cls != FC.COMPLETED:
+            evidence = (_status_text(None, sig) + (f" (exit status {exit_code})" if inferred else ""),)
+        return Failure(cls, _policy_action(cls, policy), evidence=evidence,
+                       step=steps.before(len(lines) - 1) if lines else None, exit_code=exit_code, signal=signal,
+                       reason=reason)
 
     if exit_code == 0 and signal is None:
         if chosen is not None and chosen.priority == VERDICT and chosen.cls != FC.HOST_OOM:
-            return result(chosen.cls, f"exit status 0, but {chosen.label}{{where}}: the allocation was taken away",
-                          chosen)
-        return result(FC.COMPLETED, "exit status 0: training finished")
+            return from_text(chosen.cls, f"exit status 0, but {chosen.label}{{where}}: the allocation was taken away",
+                             chosen)
+        return from_status(FC.COMPLETED, "exit status 0: training finished")
 
-    if chosen is not None and chosen.priority == ECHO and sig is not None and signal_class(sig) == FC.NATIVE_CRASH \
-            and sig != _signal.SIGTERM:
+    if chosen is not None and chosen.priority == ECHO and sig is not None and signal_class(sig) == FC.NATIVE_CRASH:
         # "Terminated" echoes next to a child that itself died of a fault: the fault is the cause.
-        return result(FC.NATIVE_CRASH, f"{status}: {signal_name(sig)} is the cause; only echoes of it in the "
-                                       f"output ({chosen.label})", None)
+        return from_status(FC.NATIVE_CRASH, f"{status}: {signal_name(sig)} is the cause; the output holds only "
+                                            f"echoes ({chosen.label})")
 
     if chosen is not None:
         reason = f"first failure{{where}}: {chosen.label} ({_PRIORITY_NAMES[chosen.priority]}, line {chosen.line + 1})"
         also = sorted({o.cls.value for o in others if o.cls != chosen.cls})
         if also:
             reason += f"; also seen, taken as consequences: {', '.join(also)}"
-        reason += f"; {status}"
-        return result(chosen.cls, reason, chosen)
+        return from_text(chosen.cls, reason + f"; {status}", chosen)
 
     if sig is not None:
-        cls = signal_class(sig)
-        how = f"exit status {exit_code} = 128+{sig}" if inferred else status
-        return result(cls, f"{how} ({signal_name(sig)}) and no failure evidence in the output")
+        how = f"exit status {exit_code} = 128+{sig} ({signal_name(sig)})" if inferred else status
+        return from_status(signal_class(sig), f"{how} and no failure evidence in the output")
     if exit_code is None:
-        return result(FC.UNKNOWN, "no exit status and no failure evidence in the output")
-    return result(FC.UNKNOWN, f"exit status {exit_code} and no failure evidence in the output")
+        return from_status(FC.UNKNOWN, "no exit status and no failure evidence in the output")
+    return from_status(FC.UNKNOWN, f"exit status {exit_code} and no failure evidence in the output")
 
 
 def with_class(failure: Failure, cls: FailureClass, reason: str,
                policy: Mapping[FailureClass, ClassPolicy] | None = None) -> Failure:
     """The same failure with a class the supervisor knows better (a stall it detected, a notice it got)."""
-    from dataclasses import replace
-
     return replace(failure, cls=cls, action=_policy_action(cls, policy), reason=reason)
 
 
@@ -938,7 +940,10 @@ def with_class(failure: Failure, cls: FailureClass, reason: str,
 
 
 def _backoff(policy: ClassPolicy, consecutive: int) -> float:
-    """Exponential backoff as tenacity computes it: ``backoff * 2**(n-1)``, capped at ``backoff_max``."""
+    """Exponential backoff as tenacity computes it: ``backoff * 2**(n-1)``, capped at ``backoff_max``.
+    (Imported here: classifying needs no tenacity, so ``classify`` also runs where only torch is.)"""
+    from tenacity import RetryCallState, wait_exponential
+
     wait = wait_exponential(multiplier=policy.backoff, exp_base=2, min=0, max=policy.backoff_max)
     state = RetryCallState(retry_object=None, fn=None, args=(), kwargs={})  # type: ignore[arg-type]
     state.attempt_number = max(consecutive, 1)
@@ -980,7 +985,7 @@ def decide(
     in_alloc = ""
     if now_allocation is not None:
         same = sum(1 for r in history if getattr(r, "job_id", None) == now_allocation)
-        in_alloc = f" (attempt {same + 1} in allocation {now_allocation})"
+        in_alloc = f" (attempt {same + 1} of job {now_allocation})"
     evidence = f": {failure.evidence[0]}" if failure.evidence else ""
     if pol.action == Action.STOP:
         return Decision(Action.STOP, f"{cls.value}: policy says stop, a person must act{evidence}")

@@ -48,6 +48,10 @@ DEFAULT_STEP_PATTERNS: tuple[tuple[str, str, str], ...] = (
 )
 
 _EPOCH = re.compile(r"\bepochs?\b", _FLAGS)
+# File paths and checkpoint names carry step numbers that are not progress ("resuming from
+# ckpt/step=3000.ckpt", "saving to out/checkpoint-1500"): the default patterns never read inside them.
+_PATHLIKE = re.compile(r"(?<!\S)(?:\.{0,2}/|~/|[^\s/]+/[^\s/]+/)\S*|\S*\.(?:ckpt|pt|pth|bin|safetensors|distcp|pkl|tar)\b\S*",
+                       _FLAGS)
 _STEPS_DESC = re.compile(r"\b(?:global|steps?|iters?|iterations?)\b", _FLAGS)
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
@@ -100,8 +104,11 @@ class StepExtractor:
 
     def match(self, line: str) -> StepMatch | None:
         text = clean_line(line)
-        if self._prefilter is not None and not self._prefilter(text):
-            return None
+        if self._prefilter is not None:
+            if not self._prefilter(text):
+                return None
+            if "/" in text or "." in text:
+                text = _PATHLIKE.sub(" ", text)
         epoch_line: bool | None = None
         for name, regex, scope in self._patterns:
             found = regex.search(text)

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 from . import __version__
 from .attempt import AttemptState, SaveRecord
 from .checkpoints import DirWatcher, find_resume_point, quarantine_tag
+from .checkpoints.naming import step_from_name
 from .child import Child, ChildExit, ChildSpec, resolve_command
 from .client import STACK_DUMP_SIGNAL
 from .config import SupervisorConfig
@@ -59,10 +60,12 @@ class RunResult:
 
 def default_run_name(argv: Sequence[str], environ: Mapping[str, str]) -> str:
     """A stable name for the run directory: the training script's stem, else the command's name."""
-    for arg in argv:
+    for i, arg in enumerate(argv):
         if arg.endswith(".py"):
             return Path(arg).stem
-    return Path(argv[0]).name if argv else "run"
+        if arg == "-m" and i + 1 < len(argv):
+            return argv[i + 1].rsplit(".", 1)[-1]
+    return environ.get("SLURM_JOB_NAME") or (Path(argv[0]).name if argv else "run")
 
 
 class Runner:
@@ -292,6 +295,9 @@ class Runner:
                 self.control.broadcast("stop", reason="preemption" if state.notice else "stop",
                                        deadline=state.stop_deadline)
             if exit_ is not None:
+                time.sleep(0.05)  # datagrams sent just before the exit are still in flight
+                self._drain_lines(child, state, extractor, progress, time.time())
+                self._drain_control(child, state, progress, losses, time.time())
                 return exit_
             self._check_health(child, state, progress, now)
             self._advance_stop(child, state, now)
@@ -400,8 +406,8 @@ class Runner:
         if client_saves:
             return
         for done in activity.completed:
-            self._record_save(state, done.step, str(done.path), done.bytes,
-                              max(done.done_at - done.first_seen, 0.0), True, "watch", now)
+            self._record_save(state, step_from_name(Path(done.path).name), str(done.path), done.bytes,
+                              done.duration, True, "watch", now)
         if activity.in_flight and state.in_flight is None:
             state.in_flight = InFlightSave(path=str(activity.path), step=None, started_at=activity.since,
                                            bytes_so_far=activity.bytes, source="watch")
@@ -618,7 +624,7 @@ class Runner:
 
     def _after_attempt(self, child: Child, exit_: ChildExit, state: AttemptState) -> RunResult | None:
         from .budget import judge, ledger_from_events
-        from .failures import classify, decide
+        from .failures import classify, decide, with_class
 
         ended = time.time()
         if state.notice is None and self.slurm.job_id and exit_.status != 0:
@@ -627,7 +633,8 @@ class Runner:
             if info is not None and getattr(info, "preempt_time", None):
                 state.notice, _ = notice_for("poll", ended, info, self.cfg.preemption.default_grace)
                 self._emit(Ev.NOTICE, attempt=state.attempt, after_exit=True, **state.notice.to_event())
-        failure = classify(exit_.exit_code, exit_.signal, child.tail.text(), policy=self.cfg.policy)
+        failure = classify(exit_.exit_code, exit_.signal, child.tail.text(), policy=self.cfg.policy,
+                           step_regex=self.cfg.step_regex)
         cls = self._override_class(failure.cls, exit_, state)
         action = failure.action if cls == failure.cls else self.cfg.policy_for(cls).action
         self._emit(Ev.ATTEMPT_END, attempt=state.attempt, exit_code=exit_.exit_code,
@@ -660,7 +667,8 @@ class Runner:
             return self._end(RunOutcome.INTERRUPTED, 130, "interrupted by a person", state)
 
         records = ledger_from_events(read_events(self.paths.events).events)
-        effective = failure if cls == failure.cls else _with_class(failure, cls, action)
+        effective = failure if cls == failure.cls else with_class(failure, cls, self._override_reason(cls, state),
+                                                                  self.cfg.policy)
         decision = decide(effective, records[:-1], self.cfg.policy, self.slurm.job_id)
         if decision.action == Action.RESTART:
             verdict = judge(records, self.cfg.budget, self.slurm.job_id)
@@ -668,8 +676,8 @@ class Runner:
                        reason=verdict.reason, numbers=verdict.numbers)
             if not verdict.ok:
                 log.error("budget exhausted: %s", verdict.reason)
-                return self._end(RunOutcome.STOPPED, ExitCode.STOPPED, f"budget exhausted: {verdict.reason}",
-                                 state)
+                return self._end(RunOutcome.STOPPED, ExitCode.STOPPED,
+                                 f"budget {verdict.budget} exhausted: {verdict.reason}", state)
         self._emit(Ev.DECISION, attempt=state.attempt, action=decision.action.value,
                    reason=decision.reason, delay=decision.delay)
         if decision.action == Action.RESTART:
@@ -742,15 +750,15 @@ class Runner:
         self._emit(Ev.REQUEUE, attempt=state.attempt, job_id=self.slurm.job_id, **decision.to_event())
         result = self._end(RunOutcome.REQUEUE, ExitCode.REQUEUE, f"{cls.value}: {reason}; {decision.reason}",
                            state)
-        if decision.do and self.slurm.job_id and self._backend is not None:
+        if decision.do and decision.how == "scontrol" and self.slurm.job_id and self._backend is not None:
+            # run_end is already written: scontrol requeue ends this job step at once. The exclude
+            # list is changed by the facade after the requeue (22.05 refuses it on a running job).
             try:
-                if decision.exclude:
-                    self._backend.update_exclude(self.slurm.job_id, list(decision.exclude))
-                if decision.how == "scontrol":
-                    # run_end is already written: scontrol requeue ends this job step at once.
-                    outcome = self._backend.requeue(self.slurm.job_id)
-                    self._emit(Ev.REQUEUE, attempt=state.attempt, job_id=self.slurm.job_id, how="scontrol",
-                               ok=True, result=str(outcome))
+                outcome = self._backend.requeue(self.slurm.job_id, expected_restarts=self.slurm.restart_count,
+                                                exclude=list(decision.exclude))
+                self._emit(Ev.REQUEUE, attempt=state.attempt, job_id=self.slurm.job_id, how="scontrol",
+                           ok=outcome.ok, result=outcome.reason,
+                           exclude_error=getattr(outcome, "exclude_error", None))
             except Exception as exc:
                 self._emit(Ev.REQUEUE, attempt=state.attempt, job_id=self.slurm.job_id, how=decision.how,
                            ok=False, reason=str(exc))
@@ -768,12 +776,6 @@ class Runner:
         dropped = self.control.stats.dropped
         if sum(dropped.values()):
             self._emit(Ev.CONTROL_DROPPED, count=sum(dropped.values()), by_reason=dict(dropped))
-
-
-def _with_class(failure: Any, cls: FailureClass, action: Action) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(failure, cls=cls, action=action)
 
 
 def _remove_our_temp_files(target: Path) -> list[Path]:

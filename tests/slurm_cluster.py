@@ -37,7 +37,6 @@ from typing import Iterator, Sequence
 from supervisor.slurm.parse import (
     FINISHED_STATES,
     JobInfo,
-    parse_fields,
     parse_sbatch_job_id,
     parse_scontrol_job,
     parse_version,
@@ -102,16 +101,17 @@ class Cluster:
         return int(self.read_state().get("grace_time", DEFAULT_GRACE))
 
     # ---- commands ----------------------------------------------------------------------------
-    def command(self, argv: Sequence[str], timeout: float = 20.0, check: bool = True, cwd: Path | None = None):
+    def command(
+        self, argv: Sequence[str], timeout: float = 20.0, check: bool = True, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command against this cluster (argv list, never a shell)."""
-        proc = subprocess.run(
-            list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd
-        )
+        proc = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
         if check and proc.returncode != 0:
-            raise ClusterError(f"{' '.join(argv)} exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
+            said = proc.stderr.strip() or proc.stdout.strip()
+            raise ClusterError(f"{' '.join(argv)} exited {proc.returncode}: {said}")
         return proc
 
-    def scontrol(self, *args: str, check: bool = True):
+    def scontrol(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.command(["scontrol", *args], check=check)
 
     def sbatch(self, script: str | Path, *args: str, cwd: Path | None = None) -> int:
@@ -122,8 +122,8 @@ class Cluster:
 
     def job_info(self, job_id: int | str) -> dict[str, str] | None:
         """The raw ``Key=Value`` fields of ``scontrol show job -o``; None once the job is gone."""
-        text = self.job_text(job_id)
-        return None if text is None else parse_fields(text.splitlines()[0])
+        info = self.job(job_id)
+        return None if info is None else dict(info.raw)
 
     def job_text(self, job_id: int | str) -> str | None:
         """The exact ``scontrol show job -o`` text (for captured test data), None once gone."""
@@ -135,6 +135,7 @@ class Cluster:
         return proc.stdout
 
     def job(self, job_id: int | str) -> JobInfo | None:
+        """The parsed job (``info.raw`` holds every field); None once the job is gone."""
         text = self.job_text(job_id)
         return None if text is None else parse_scontrol_job(text, job_id)
 
@@ -157,12 +158,22 @@ class Cluster:
     def wait_finished(self, job_id: int | str, timeout: float = 60.0) -> JobInfo:
         return self.wait_state(job_id, FINISHED_STATES, timeout)
 
-    def run_job(self, script: str | Path, *args: str, timeout: float = 60.0, cwd: Path | None = None) -> JobResult:
-        """Submit, wait until the job has finished for good, return its final info and output."""
+    def run_job(
+        self, script: str | Path, *args: str, timeout: float = 60.0, cwd: Path | None = None, min_restarts: int = 0
+    ) -> JobResult:
+        """Submit, wait until the job has finished for good (after at least ``min_restarts``
+        requeues), return its final info and output (StdOut; use --open-mode=append to keep
+        the output of every run of a requeued job)."""
         job_id = self.sbatch(script, *args, cwd=cwd)
-        info = self.wait_finished(job_id, timeout)
+        info = self.wait_state(job_id, FINISHED_STATES, timeout, min_restarts=min_restarts)
         output = Path(info.std_out).read_text(errors="replace") if info.std_out and Path(info.std_out).exists() else ""
         return JobResult(job_id, info, output)
+
+    def preempt(self, node: str, seconds: float = 1, output: str = "/dev/null") -> int:
+        """Preempt whatever runs on ``node``: a short exclusive job in the high-priority partition
+        ``own``. The victim (partition ``extra``, which must fill the node: --exclusive) gets
+        GraceTime, its steps SIGTERM at once."""
+        return self.sbatch(f"sleep {seconds}\n", "-p", "own", "-N1", "--exclusive", "-w", node, "-o", output)
 
     def set_grace(self, seconds: int) -> None:
         """Change GraceTime of the preemptible partition ``extra`` (takes effect for new preemptions)."""
@@ -359,6 +370,10 @@ def render_slurm_conf(
     host = socket.gethostname().split(".")[0]
     task_plugin = "TaskPlugin=task/none" if version < (23, 11) else "# TaskPlugin: task/none is gone from 23.11"
     requeue_delay = f",requeue_delay={int(cred_expire)}" if version >= (25, 11) else ""
+    extra = (
+        f"PartitionName=extra Nodes=ALL Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={int(grace_time)}"
+        " MaxTime=INFINITE State=UP"
+    )
     ctld_port, *node_ports = ports
     node_lines = "\n".join(
         f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={CPUS_PER_NODE} State=UNKNOWN"
@@ -402,7 +417,7 @@ JobRequeue=1
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 {node_lines}
-PartitionName=extra Nodes=ALL Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={int(grace_time)} MaxTime=INFINITE State=UP
+{extra}
 PartitionName=own Nodes=ALL Default=NO PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
 """
 

@@ -137,8 +137,8 @@ def test_restarts_per_allocation_counts_each_requeue_as_a_new_allocation():
                           same_failure_limit=None)
     crash = FC.NATIVE_CRASH
     # 2 crashes, requeue (same job id, restart count 1), then 2 crashes: within 2 per allocation
-    records = _records((crash, "9", None, 0, 10, 1), (crash, "9", None, 10, 20, 1), (FC.PREEMPTED, "9", None, 20, 30, 0),
-                       (crash, "9", 1, 30, 40, 1), (crash, "9", 1, 40, 50, 1))
+    records = _records((crash, "9", None, 0, 10, 1), (crash, "9", None, 10, 20, 1),
+                       (FC.PREEMPTED, "9", None, 20, 30, 0), (crash, "9", 1, 30, 40, 1), (crash, "9", 1, 40, 50, 1))
     assert judge(records, budget, "9").ok
     records += _records((crash, "9", 1, 50, 60, 1))[:1]
     verdict = judge(records, budget, "9")

@@ -198,3 +198,24 @@ def test_generic_dir_of_torch_files(tmp_path: Path) -> None:
     assert report.verdict is Verdict.VALID and report.step == 100 and report.embedded_step == 100
     cf.truncate(inner / "model_optim_rng.pt", 50)
     assert validate(tmp_path / "iter_0000100").verdict is Verdict.CORRUPT
+
+
+def test_dcp_safetensors_serialization_with_a_zero_tensor_is_valid(tmp_path: Path) -> None:
+    """Raw tensor items (SAFETENSORS serialization) are not zips; a tensor of zeros is data."""
+    import warnings
+
+    pytest.importorskip("safetensors", reason="DCP's SAFETENSORS serialization needs the safetensors package")
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+    writer = dcp.FileSystemWriter(str(tmp_path / "step-7"), serialization_format=SerializationFormat.SAFETENSORS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.save({"model": {"zeros": torch.zeros(64), "w": torch.randn(8, 8)}, "step": 7}, storage_writer=writer)
+    report = validate(tmp_path / "step-7")
+    assert report.verdict is Verdict.VALID and report.step == 7, report.reason
+    shard = next((tmp_path / "step-7").glob("*.distcp"))
+    cf.truncate(shard, shard.stat().st_size - 1)
+    assert validate(tmp_path / "step-7").verdict is Verdict.CORRUPT

@@ -10,6 +10,7 @@ from supervisor.checkpoints.naming import (
     is_temp_name,
     parse_name,
     step_from_name,
+    unfinished_marker_names,
 )
 
 
@@ -66,3 +67,8 @@ def test_temp_names_map_to_their_final_name() -> None:
     assert final_name_of_temp(".step=9.ckpt.tmp-123-abcd") == "step=9.ckpt"
     assert final_name_of_temp(".last.ckpt.k2j3h4.tmp") == "last.ckpt"  # mkstemp style
     assert final_name_of_temp("x.ckpt-unfinished") == "x.ckpt"
+
+
+def test_nemo_marker_names() -> None:
+    assert "step=100-unfinished" in unfinished_marker_names("step=100.ckpt")
+    assert "step=100-unfinished" in unfinished_marker_names("step=100-EMA.ckpt")

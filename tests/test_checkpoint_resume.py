@@ -174,7 +174,7 @@ def test_last_symlink_leaving_the_dir_is_reported_and_left_alone(ckpt_dir: Path,
 
 def test_nemo_unfinished_marker_means_in_progress(ckpt_dir: Path) -> None:
     newest = cf.save_zip(ckpt_dir / "step=20000.ckpt", 20000)
-    (ckpt_dir / "step=20000.ckpt-unfinished").write_text("")
+    (ckpt_dir / "step=20000-unfinished").write_text("")  # NeMo drops .ckpt before the suffix
     result = find_resume_point(ckpt_dir, quarantine=True, quarantine_tag="q")
     assert result.step == 10000 and newest.exists() and result.quarantined == ()
 

@@ -159,3 +159,14 @@ def test_hostile_pickle_is_never_executed(tmp_path: Path) -> None:
     for args in (["verify", "--deep", str(zip_file), str(legacy_file)], ["resume-point", str(ckpt), "--deep"]):
         subprocess.run([*cf.SUPERVISE, *args], check=False, capture_output=True, timeout=60)
     assert not marker.exists()
+
+
+def test_safetensors_written_by_the_library_and_read_back(tmp_path: Path) -> None:
+    """The hand-written files match the real format, and library-written files validate."""
+    st = pytest.importorskip("safetensors.torch")
+    ours = cf.save_safetensors(tmp_path / "ours.safetensors", cf.model_state(3))
+    assert set(st.load_file(str(ours))) == set(cf.model_state(3))
+    theirs = tmp_path / "theirs.safetensors"
+    st.save_file(cf.model_state(4), str(theirs), metadata={"step": "77"})
+    report = validate(theirs)
+    assert report.verdict is Verdict.VALID and report.embedded_step == 77

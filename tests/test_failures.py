@@ -17,10 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
 from supervisor.budget import AttemptRecord
-from supervisor.cli import main
 from supervisor.config import DEFAULT_POLICY, ClassPolicy
 from supervisor.failures import (
     DEFAULT_PATTERNS, Failure, classify, decide, parse_signal, signal_class, with_class,
@@ -111,6 +108,16 @@ CASES = [
     ("tail_starts_mid_traceback.log", 1, None, FC.PYTHON_EXCEPTION, "mat1 and mat2 shapes cannot be multiplied",
      None, None, None),
     ("keyboard_interrupt.log", 130, None, FC.CANCELLED, "KeyboardInterrupt", 44, None, None),
+    # real output from the H200s (tests/crashers/gpu_*.py run there; torch 2.11, triton 3.6, 2026-11-30)
+    ("h200_real_device_assert.log", 1, None, FC.DEVICE_ASSERT, "vectorized gather kernel index out of bounds", 3,
+     None, None),
+    ("h200_real_cuda_oom.log", 1, None, FC.CUDA_OOM, "torch.OutOfMemoryError: CUDA out of memory", 7, None, None),
+    ("h200_real_ima_triton.log", 1, None, FC.ILLEGAL_MEMORY_ACCESS, "torch.AcceleratorError: CUDA error: an illegal",
+     41, None, None),
+    ("h200_real_torchrun_ddp_ima.log", 1, None, FC.ILLEGAL_MEMORY_ACCESS, "an illegal memory access", 4, None, 1),
+    ("h200_real_torchrun_ddp_ima_tee.log", 1, None, FC.ILLEGAL_MEMORY_ACCESS, "an illegal memory access", 4, None, 1),
+    ("h200_real_torchrun_valueerror.log", 1, None, FC.PYTHON_EXCEPTION, "ValueError: Please use a device_id", None,
+     None, None),
     # status alone
     ("unknown_exit_no_evidence.log", 3, None, FC.UNKNOWN, None, 300, None, None),
     ("completed.log", 0, None, FC.COMPLETED, None, 10000, None, None),
@@ -393,6 +400,10 @@ def test_with_class_takes_the_policy_action():
 
 
 def _invoke(*args: str):
+    from click.testing import CliRunner
+
+    from supervisor.cli import main
+
     return CliRunner().invoke(main, list(args))
 
 
@@ -455,3 +466,99 @@ def test_cli_classify_reads_only_the_tail(tmp_path):
     result = _invoke("classify", str(log), "--json", "--tail-mb", "1")
     assert result.exit_code == 0
     assert json.loads(result.stdout)["class"] == "native_crash"
+
+
+def test_interleaved_writer_inside_a_traceback_is_not_the_exception():
+    text = ("Traceback (most recent call last):\n  File \"train.py\", line 9, in step\n"
+            "INFO: rank 3 saving checkpoint\n    loss.backward()\nRuntimeError: CUDA error: misaligned address\n")
+    failure = classify(1, None, text)
+    assert failure.cls == FC.CUDA_LAUNCH_FAILURE
+
+
+def test_lock_step_ranks_printing_one_more_step_do_not_make_an_exception_non_fatal():
+    ranks = "".join(f"[rank{r}]: step 101 loss 1.0\n" for r in range(1, 8))
+    text = ("[rank0]: step 100 loss 1.0\n[rank0]: Traceback (most recent call last):\n"
+            "[rank0]:   File \"t.py\", line 1, in <module>\n[rank0]: ValueError: bad shape\n" + ranks)
+    failure = classify(1, None, text)
+    assert (failure.cls, failure.rank, failure.step) == (FC.PYTHON_EXCEPTION, 0, 100)
+
+
+def test_negative_exit_code_is_reported_as_the_signal():
+    failure = classify(-11, None, "")
+    assert (failure.exit_code, failure.signal, failure.cls) == (None, 11, FC.NATIVE_CRASH)
+
+
+def test_dataloader_worker_crash_message():
+    text = ("ERROR: Unexpected segmentation fault encountered in worker.\nTraceback (most recent call last):\n"
+            "  File \"train.py\", line 50, in <module>\nRuntimeError: DataLoader worker (pid(s) 1234) exited "
+            "unexpectedly\n")
+    failure = classify(1, None, text)
+    assert failure.cls == FC.NATIVE_CRASH
+    assert failure.evidence == ("ERROR: Unexpected segmentation fault encountered in worker.",)
+
+
+def test_the_table_is_extended_with_one_more_row():
+    """A site-specific message becomes evidence by adding a row; no code changes."""
+    import re
+
+    from supervisor.failures import CAUSE, FailurePattern
+
+    text = "step 9\nlustre: ll_file_io: I/O error -5 on /scratch/data/shard_0007.tar\n"
+    assert classify(1, None, text).cls == FC.UNKNOWN
+    lustre = FailurePattern(FC.NODE_FAILURE, re.compile(r"lustre: .*I/O error"), CAUSE, "Lustre I/O error",
+                            needles=("lustre",))
+    failure = classify(1, None, text, patterns=DEFAULT_PATTERNS + (lustre,))
+    assert (failure.cls, failure.action, failure.step) == (FC.NODE_FAILURE, Action.REQUEUE, 9)
+    no_needles = FailurePattern(FC.NODE_FAILURE, re.compile(r"lustre: .*I/O error"), CAUSE, "Lustre I/O error")
+    assert classify(1, None, text, patterns=DEFAULT_PATTERNS + (no_needles,)).cls == FC.NODE_FAILURE
+
+
+# --------------------------------------------------------------------------------------------- real GPU crashes
+
+
+def _gpu_count() -> int:
+    """GPUs visible, asked of a subprocess so this test process never initialises CUDA."""
+    if not Path("/dev/nvidiactl").exists() and not Path("/dev/nvidia0").exists():
+        return 0  # no NVIDIA driver here: skip without paying for a torch import
+    code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        return int(out.stdout.strip() or 0)
+    except (subprocess.SubprocessError, ValueError, OSError):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def gpus() -> int:
+    count = _gpu_count()
+    if count == 0:
+        pytest.skip("needs an NVIDIA GPU (run `pytest -m gpu --noconftest tests/test_failures.py` on one)")
+    return count
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("script, cls, evidence, step", [
+    ("gpu_device_assert.py", FC.DEVICE_ASSERT, "Assertion", 3),
+    ("gpu_cuda_oom.py", FC.CUDA_OOM, "CUDA out of memory", 7),
+    ("gpu_ima_triton.py", FC.ILLEGAL_MEMORY_ACCESS, "an illegal memory access was encountered", 41),
+])
+def test_real_gpu_crash_is_classified(gpus, script, cls, evidence, step):
+    rc, out = _run(script)
+    failure = classify(*_status(rc), out)
+    assert failure.cls == cls, (rc, out[-2000:], failure.reason)
+    assert any(evidence in line for line in failure.evidence), failure.evidence
+    assert failure.step == step
+
+
+@pytest.mark.gpu
+def test_real_ddp_illegal_memory_access_is_the_first_failure(gpus):
+    """torchrun, 2 ranks, NCCL: rank 1's illegal memory access, not rank 0's timeout or torchrun's summary."""
+    if gpus < 2:
+        pytest.skip("needs 2 GPUs")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(CRASHERS / "gpu_ddp_ima.py")]
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, preexec_fn=_no_core)
+    out = proc.stdout.decode("utf-8", errors="replace")
+    failure = classify(*_status(proc.returncode), out)
+    assert failure.cls == FC.ILLEGAL_MEMORY_ACCESS, (proc.returncode, out[-3000:], failure.reason)
+    assert failure.rank == 1
+    assert failure.step == 4

@@ -236,3 +236,14 @@ def test_negative_losses_never_spike():
     for step in range(10):
         assert tracker.observe(step, -5.0) is None
     assert tracker.observe(10, 100.0) is None
+
+
+@pytest.mark.parametrize("line", [
+    "FAULT_RESTART_FROM_ZERO: ignoring resume point /tmp/run/checkpoints/step=30.ckpt",
+    "Restoring states from the checkpoint path at runs/exp/checkpoints/epoch=3-step=9500.ckpt",
+    "saved step=40.ckpt",
+    "loading ./ckpt/global_step1200/mp_rank_00_model_states.pt",
+])
+def test_step_numbers_inside_paths_are_not_progress(line: str) -> None:
+    """A checkpoint path names a step but is not a step report: reading it would fool the resume audit."""
+    assert StepExtractor().extract(line) is None

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import slurm_cluster as cluster_lib
 
 from supervisor.errors import SlurmError
 from supervisor.slurm import SlurmCli, get_backend, needs_explicit_requeue
@@ -42,11 +44,6 @@ def step_that_traps_term(job_dir: Path) -> str:
     return f"srun bash -c '{body}'"
 
 
-def preempt(cluster, node: str, job_dir: Path) -> int:
-    """Submit a short job to the high-priority partition on ``node``: it preempts what runs there."""
-    return cluster.sbatch("sleep 1\n", "-p", "own", "-N1", "--exclusive", "-w", node, "-o", f"{job_dir}/own-%j.out")
-
-
 def victim_args(node: str, job_dir: Path, name: str) -> tuple[str, ...]:
     return ("-p", "extra", "-N1", "--exclusive", "-w", node, "--requeue", "--open-mode=append",
             "-J", name, "-o", f"{job_dir}/{name}-%j.out")
@@ -64,7 +61,7 @@ sleep 120  # stay until Slurm ends the grace: exiting now would finish the job f
     with slurm_cluster.grace(GRACE):
         job = slurm_cluster.sbatch(script, *victim_args("n1", slurm_job_dir, "victim"))
         wait_file(slurm_job_dir / f"started.{job}")
-        preemptor = preempt(slurm_cluster, "n1", slurm_job_dir)
+        preemptor = slurm_cluster.preempt("n1")
         term_at = float(wait_file(slurm_job_dir / f"term.{job}", timeout=30).read_text())
 
         in_grace = cli.job_info(job)
@@ -112,8 +109,8 @@ sleep 60  # the requeue ends this run
         explicit = slurm_cluster.sbatch(requeues, *victim_args("n2", slurm_job_dir, "explicit"))
         wait_file(slurm_job_dir / f"started.{plain}")
         wait_file(slurm_job_dir / f"started.{explicit}")
-        preempt(slurm_cluster, "n1", slurm_job_dir)
-        preempt(slurm_cluster, "n2", slurm_job_dir)
+        slurm_cluster.preempt("n1")
+        slurm_cluster.preempt("n2")
 
         slurm_requeues_it = not needs_explicit_requeue(version, "preempted")
         ended = slurm_cluster.wait_state(plain, "COMPLETED", timeout=90, min_restarts=int(slurm_requeues_it))
@@ -238,13 +235,9 @@ exec {real}/scontrol "$@"
     assert calls.read_text().count("x") == 2
 
 
-def test_a_crashed_sessions_cluster_is_cleaned_up_and_a_live_one_is_not(slurm_cluster, slurm_job_dir, tmp_path):
+def test_a_crashed_sessions_cluster_is_cleaned_up_and_a_live_one_is_not(slurm_cluster, slurm_job_dir):
     """A second cluster, owned by a process that has died (a crashed test session), runs beside the
     session's cluster on its own ports; the clean-up at start removes it and leaves ours alone."""
-    import subprocess
-
-    import slurm_cluster as cluster_lib
-
     dead = subprocess.Popen(["true"])
     dead.wait()
     orphan = cluster_lib.start_cluster(owner_pid=dead.pid)

@@ -277,7 +277,7 @@ def test_hung_command_is_killed_at_its_timeout_and_retried(tmp_path: Path) -> No
     calls = tmp_path / "calls"
     make_command(tmp_path / "bin", "scontrol", f"echo $$ >> {calls}\nexec {shutil.which('sleep')} 30\n")
     cli = SlurmCli(env={"PATH": str(tmp_path / "bin")}, timeout=0.3, attempts=2, backoff=0.01)
-    with pytest.raises(SlurmError, match=r"timed out after 0.3 s, 2 times") as info:
+    with pytest.raises(SlurmError, match=r"timed out after 0.3 s \(attempt 2 of 2\)") as info:
         cli.job_info(5)
     assert info.value.returncode is None
     pids = [int(p) for p in calls.read_text().split()]
@@ -287,7 +287,8 @@ def test_hung_command_is_killed_at_its_timeout_and_retried(tmp_path: Path) -> No
 
 
 def test_failed_command_carries_argv_returncode_and_stderr(tmp_path: Path) -> None:
-    make_command(tmp_path / "bin", "scontrol", "echo 'Requested operation is presently disabled for job 5' >&2\nexit 1\n")
+    stderr = (DATA / "not_requeueable.stderr").read_text().strip()
+    make_command(tmp_path / "bin", "scontrol", f"echo '{stderr}' >&2\nexit 1\n")
     cli = SlurmCli(env={"PATH": str(tmp_path / "bin")}, attempts=3, backoff=0.01)
     with pytest.raises(SlurmError) as info:
         cli.run(["scontrol", "requeue", "5"])

@@ -16,11 +16,19 @@ from typing import Any, Iterable
 
 from ..states import Verdict
 from . import formats as F
-from .filecheck import check_file, read_tensor_int
+from .filecheck import check_file, check_safetensors, read_tensor_int
 from .naming import has_checkpoint_suffix, step_from_name
 from .outcome import Outcome, corrupt, unverifiable, valid, worst
 from .picklescan import STEP_KEYS, Call, PickleScanError, as_mapping, is_tensor, scan_pickle
-from .zipcheck import ZipCheckError, cached_crc_check, crc_cache_key, pread_exact, read_index, read_trailer
+from .zipcheck import (
+    ZipCheckError,
+    cached_crc_check,
+    crc_cache_key,
+    pread_exact,
+    read_entry,
+    read_index,
+    read_trailer,
+)
 
 # Shards of one committed DeepSpeed tag are written in one save window. A wider mtime spread
 # means files from different saves (in-place overwrite interrupted). Seconds.
@@ -61,7 +69,7 @@ def check_dcp(path: str, *, deep: bool = False) -> Outcome:
         return corrupt(fmt, 1, f".metadata.tmp left over: {what} did not finish")
     if not metadata:
         return corrupt(fmt, 1, "no .metadata: the save was never committed")
-    items: list[tuple[str, int, int, str]] = []
+    items: list[tuple[str, int, int, str, bool]] = []
     understood = True
     for name in metadata:
         meta_path = os.path.join(path, name)
@@ -80,7 +88,7 @@ def check_dcp(path: str, *, deep: bool = False) -> Outcome:
     if not understood or not items:
         return _dcp_fallback(path, shard_names)
     need: dict[str, int] = {}
-    for rel, offset, length, _ in items:
+    for rel, offset, length, *_ in items:
         if os.path.isabs(rel) or ".." in Path(rel).parts:
             return corrupt(fmt, 2, f"manifest names a path outside the checkpoint: {rel!r}")
         need[rel] = max(need.get(rel, 0), offset + length)
@@ -94,8 +102,9 @@ def check_dcp(path: str, *, deep: bool = False) -> Outcome:
     return _dcp_items_framing(path, items, len(need), deep)
 
 
-def _dcp_items(root: Any) -> list[tuple[str, int, int, str]] | None:
-    """(relative_path, offset, length, fqn) of every item, read from the inert Metadata tree."""
+def _dcp_items(root: Any) -> list[tuple[str, int, int, str, bool]] | None:
+    """(relative_path, offset, length, fqn, transformed) of every item, read inertly from the
+    Metadata tree."""
     meta = root.attrs() if isinstance(root, Call) else {}
     storage_data = as_mapping(meta.get("storage_data"))
     if storage_data is None:
@@ -107,7 +116,8 @@ def _dcp_items(root: Any) -> list[tuple[str, int, int, str]] | None:
         if not (isinstance(rel, str) and isinstance(offset, int) and isinstance(length, int)):
             return None
         fqn = index.attrs().get("fqn") if isinstance(index, Call) else None
-        out.append((rel, offset, length, fqn if isinstance(fqn, str) else ""))
+        transformed = bool(attrs.get("transform_descriptors"))
+        out.append((rel, offset, length, fqn if isinstance(fqn, str) else "", transformed))
     return out
 
 
@@ -121,24 +131,36 @@ def _dcp_fallback(path: str, shard_names: list[str]) -> Outcome:
                            "(manifest layout not understood: item extents not checked)")
 
 
-def _dcp_items_framing(path: str, items: list[tuple[str, int, int, str]], files: int, deep: bool) -> Outcome:
+def _dcp_items_framing(path: str, items: list[tuple[str, int, int, str, bool]], files: int, deep: bool) -> Outcome:
+    """TORCH_SAVE-format items are each a torch.save zip: check their framing (and CRC with
+    ``deep``). Other items (SAFETENSORS serialization, transforms such as compression) are only
+    checked for extents, and for a zero-filled start when the checkpoint's other items are zips."""
     fmt = F.DCP
     framed = unframed = 0
+    zero_items: list[str] = []
     crc_missing = False
     step = None
-    by_file: dict[str, list[tuple[int, int, str]]] = {}
-    for rel, offset, length, fqn in items:
-        by_file.setdefault(rel, []).append((offset, length, fqn))
+    by_file: dict[str, list[tuple[int, int, str, bool]]] = {}
+    for rel, offset, length, fqn, transformed in items:
+        by_file.setdefault(rel, []).append((offset, length, fqn, transformed))
     for rel, spans in by_file.items():
         shard = os.path.join(path, rel)
         with open(shard, "rb", buffering=0) as handle:
             fd = handle.fileno()
             st = os.fstat(fd)
-            for offset, length, fqn in spans:
-                head = pread_exact(fd, 4, offset)
-                if head != b"PK\x03\x04":
-                    if length and head == b"\0\0\0\0" and pread_exact(fd, min(length, 64), offset).count(0) == min(length, 64):
-                        return corrupt(fmt, 3, f"item {fqn or offset} in {rel} is zero-filled")
+            blob_checked = False
+            for offset, length, fqn, transformed in spans:
+                head = pread_exact(fd, 9, offset)
+                if not transformed and not blob_checked and F.sniff_bytes(head) == F.SAFETENSORS:
+                    # SAFETENSORS serialization: one safetensors blob from here to the end of the file
+                    blob = check_safetensors(fd, st.st_size - offset, base=offset)
+                    if blob.verdict is not Verdict.VALID:
+                        return blob.but(format=fmt, reason=f"safetensors data in {rel}: {blob.reason}")
+                    blob_checked = True
+                if transformed or head[:4] != b"PK\x03\x04":
+                    probe = pread_exact(fd, min(length, 64), offset)
+                    if length and probe.count(0) == len(probe):
+                        zero_items.append(f"item {fqn or offset} in {rel} is zero-filled")
                     unframed += 1
                     continue
                 framed += 1
@@ -155,11 +177,14 @@ def _dcp_items_framing(path: str, items: list[tuple[str, int, int, str]], files:
                             crc_missing = crc_missing or not crc.verifiable
                 except ZipCheckError as exc:
                     return corrupt(fmt, 3, f"item {fqn or offset} in {rel}: {exc.reason}")
+    if zero_items and framed:  # zip-framed items never start with zeros: a hole, not data
+        return corrupt(fmt, 3, zero_items[0])
     note = f"; {unframed} items not zip-framed (extents only)" if unframed else ""
     summary = f"{len(items)} items in {files} shard files: extents fit, {framed} items framed{note}"
     if deep and crc_missing:
         return unverifiable(fmt, 4, f"{summary}; some items carry no CRC32", embedded_step=step)
-    return valid(fmt, 4 if deep else 3, summary + ("; CRC32 match" if deep else ""), embedded_step=step)
+    level = 4 if deep and not unframed else 3
+    return valid(fmt, level, summary + ("; CRC32 match" if deep and framed else ""), embedded_step=step)
 
 
 def _is_step_fqn(fqn: str) -> bool:
@@ -169,8 +194,6 @@ def _is_step_fqn(fqn: str) -> bool:
 
 def _item_int(fd: int, base: int, length: int) -> int | None:
     """An int (or one-element int tensor) saved as one DCP item: scan its own data.pkl."""
-    from .zipcheck import read_entry
-
     try:
         index = read_index(fd, base, length, read_trailer(fd, base, length))
         pkl = index.get("data.pkl")

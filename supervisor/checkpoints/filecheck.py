@@ -32,6 +32,7 @@ from .zipcheck import (
     ZipIndex,
     cached_crc_check,
     crc_cache_key,
+    crc_check,
     pread_exact,
     read_entry,
     read_index,
@@ -50,6 +51,9 @@ def check_file(path: str, *, deep: bool = False, max_level: int = 3) -> Outcome:
     with open(path, "rb", buffering=0) as handle:
         fd = handle.fileno()
         st = os.fstat(fd)
+        if max_level < 2 and not deep and _torch_tail_ok(fd, st.st_size):
+            # quick look (candidates older than the resume point): one read at the end of the file
+            return valid(F.TORCH_ZIP, 1, "zip trailer intact (end of file only)")
         head = pread_exact(fd, F.HEAD_BYTES, 0)
         fmt = F.sniff_bytes(head, os.path.basename(path))
         if fmt == F.EMPTY:
@@ -70,6 +74,14 @@ def check_file(path: str, *, deep: bool = False, max_level: int = 3) -> Outcome:
         if fmt == F.TEXT:
             return corrupt(F.TEXT, 1, _text_reason(head))
         return unverifiable(F.UNKNOWN, 1, f"unknown format (first bytes {head[:8].hex()})")
+
+
+def _torch_tail_ok(fd: int, size: int) -> bool:
+    try:
+        read_trailer(fd, 0, size, check_head=False)
+    except ZipCheckError:
+        return False
+    return True
 
 
 def _text_reason(head: bytes) -> str:
@@ -111,16 +123,12 @@ def check_torch_zip(
         if step is None:  # 'step': torch.tensor(1200) -- read the 8 bytes, still without unpickling
             tensor = find_value(scan.root, STEP_KEYS, is_tensor, depth=0)
             step = read_tensor_int(fd, base, index, tensor) if tensor is not None else None
-        summary = f"{len(index.entries)} entries, {len(scan.storages)} tensor storages"
+        summary = f"{len(index.entries)} entries, {len({ref.key for ref in scan.storages})} tensor storages"
         if not deep:
             crc_note = "" if index.crc_present else "; no CRC32 recorded"
             return valid(fmt, 3, f"structure intact ({summary}){crc_note}",
                          embedded_step=step, epoch=epoch, facts=facts)
-        crc = cached_crc_check(fd, base, index, cache_key) if cache_key else None
-        if crc is None:
-            from .zipcheck import crc_check
-
-            crc = crc_check(fd, base, index)
+        crc = cached_crc_check(fd, base, index, cache_key) if cache_key else crc_check(fd, base, index)
         if not crc.verifiable:
             return unverifiable(fmt, 4, f"structure intact ({summary}); {crc.reason}",
                                 embedded_step=step, epoch=epoch, facts=facts)
@@ -243,14 +251,15 @@ _SAFETENSORS_BITS = {
 }
 
 
-def check_safetensors(fd: int, size: int, *, max_level: int = 3) -> Outcome:
+def check_safetensors(fd: int, size: int, *, max_level: int = 3, base: int = 0) -> Outcome:
     """8-byte header length, JSON header, then the byte buffer, which must be covered exactly
-    (contiguous spans of ``numel*itemsize``). The format has no checksum."""
+    (contiguous spans of ``numel*itemsize``). The format has no checksum. ``base``/``size``: a
+    safetensors blob inside a larger file (DCP's SAFETENSORS serialization)."""
     fmt = F.SAFETENSORS
     if size < 8:
         return corrupt(fmt, 1, f"truncated: {size} bytes, shorter than the 8-byte header length")
-    (header_len,) = struct.unpack("<Q", pread_exact(fd, 8, 0))
-    if header_len == 0 and size >= 8 and pread_exact(fd, 8, 8).count(0) == min(8, size - 8):
+    (header_len,) = struct.unpack("<Q", pread_exact(fd, 8, base))
+    if header_len == 0 and size >= 8 and pread_exact(fd, 8, base + 8).count(0) == min(8, size - 8):
         return corrupt(fmt, 1, "zero-filled start (size kept, data never written)")
     if header_len > F.MAX_SAFETENSORS_HEADER:
         return corrupt(fmt, 1, f"header length {header_len} is implausible (damaged start)")
@@ -258,7 +267,7 @@ def check_safetensors(fd: int, size: int, *, max_level: int = 3) -> Outcome:
         return corrupt(fmt, 1, f"truncated: header needs {8 + header_len} bytes, file has {size}")
     if max_level < 2:
         return valid(fmt, 1, "header length plausible")
-    raw = pread_exact(fd, header_len, 8)
+    raw = pread_exact(fd, header_len, base + 8)
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):

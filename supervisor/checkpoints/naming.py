@@ -117,6 +117,16 @@ def final_name_of_temp(name: str) -> str | None:
     return base or None
 
 
+def unfinished_marker_names(name: str) -> tuple[str, ...]:
+    """Names of the NeMo marker that says the save of ``name`` did not finish. NeMo strips
+    ``.nemo``, ``.ckpt`` and ``-EMA`` before appending ``-unfinished`` (``step=100.ckpt`` ->
+    ``step=100-unfinished``); the unstripped form is accepted too."""
+    base = name.removesuffix(".nemo").removesuffix(".ckpt")
+    names = {name + NEMO_UNFINISHED_SUFFIX, base + NEMO_UNFINISHED_SUFFIX,
+             base.removesuffix("-EMA") + NEMO_UNFINISHED_SUFFIX}
+    return tuple(sorted(names))
+
+
 def is_ignored_name(name: str) -> bool:
     """Entries that are never checkpoint candidates: temp and partial files, hidden files,
     quarantined ``CORRUPT_*`` entries and their ``.json`` sidecars, NeMo ``-unfinished`` markers,

@@ -27,11 +27,18 @@ def list_candidates(ckpt_dir: str | os.PathLike[str]) -> list[str]:
     """Checkpoint candidates directly in ``ckpt_dir`` (symlinks listed, never followed):
     files with a checkpoint suffix, directories whose name carries a step or a suffix or
     that hold a known directory format. Temp, hidden, quarantined and sidecar names are skipped."""
+    return _list(ckpt_dir)[0]
+
+
+def _list(ckpt_dir: str | os.PathLike[str]) -> tuple[list[str], frozenset[str]]:
+    """(candidate paths, every name in the dir)."""
     root = os.fspath(ckpt_dir)
     out = []
+    names = []
     with os.scandir(root) as entries:
         for entry in entries:
             name = entry.name
+            names.append(name)
             if is_ignored_name(name):
                 continue
             info = parse_name(name)
@@ -46,7 +53,7 @@ def list_candidates(ckpt_dir: str | os.PathLike[str]) -> list[str]:
                 keep = False
             if keep:
                 out.append(os.path.join(root, name))
-    return sorted(out)
+    return sorted(out), frozenset(names)
 
 
 def scan(
@@ -60,9 +67,10 @@ def scan(
     from .resume import order_candidates
 
     reports = []
-    for path in list_candidates(ckpt_dir):
+    paths, names = _list(ckpt_dir)
+    for path in paths:
         try:
-            reports.append(validate(path, deep, confine_to=ckpt_dir, now=now, quiet_s=quiet_s))
+            reports.append(validate(path, deep, confine_to=ckpt_dir, now=now, quiet_s=quiet_s, siblings=names))
         except FileNotFoundError:  # removed between listing and checking (rotation)
             continue
     return list(order_candidates(reports))
@@ -132,18 +140,19 @@ def find_resume_point(
     if not os.path.isdir(root):
         what = "does not exist yet" if not os.path.lexists(root) else "is not a directory"
         return ResumeResult(root, None, None, f"checkpoint dir {root} {what}: starting fresh", ())
-    paths = list_candidates(root)
+    paths, names = _list(root)
     known: dict[str, CheckpointReport] = {}
     deep_checked: list[str] = []
     while True:
-        reports = _reports_for_resume(root, paths, known, now, quiet_s)
+        reports = _reports_for_resume(root, paths, names, known, now, quiet_s)
         decision = choose_resume_point(reports)
         chosen = decision.chosen
         if not deep_confirm or chosen is None or chosen.path in deep_checked:
             break
         deep_checked.append(chosen.path)
         try:
-            known[chosen.path] = validate(chosen.path, True, confine_to=root, now=now, quiet_s=quiet_s)
+            known[chosen.path] = validate(chosen.path, True, confine_to=root, now=now, quiet_s=quiet_s,
+                                          siblings=names)
         except FileNotFoundError:
             paths = [p for p in paths if p != chosen.path]
     records: tuple[QuarantineRecord, ...] = ()
@@ -153,15 +162,15 @@ def find_resume_point(
     return _result(root, decision, records, deep_checked)
 
 
-def _reports_for_resume(root: str, paths: list[str], known: dict[str, CheckpointReport], now: float,
-                        quiet_s: float) -> list[CheckpointReport]:
+def _reports_for_resume(root: str, paths: list[str], names: frozenset[str], known: dict[str, CheckpointReport],
+                        now: float, quiet_s: float) -> list[CheckpointReport]:
     """Full reports down to the first usable step checkpoint, quick (L1) ones below it."""
     from .resume import is_usable
 
     def full(path: str) -> CheckpointReport | None:
         if path not in known:
             try:
-                known[path] = validate(path, False, confine_to=root, now=now, quiet_s=quiet_s)
+                known[path] = validate(path, False, confine_to=root, now=now, quiet_s=quiet_s, siblings=names)
             except FileNotFoundError:
                 return None
         return known[path]
@@ -178,15 +187,15 @@ def _reports_for_resume(root: str, paths: list[str], known: dict[str, Checkpoint
             if report is not None and anchor_step is None and is_usable(report):
                 anchor_step = info.step
         else:
-            report = _quick(path, root, now, quiet_s)
+            report = _quick(path, root, names, now, quiet_s)
         if report is not None:
             reports.append(report)
     return reports
 
 
-def _quick(path: str, root: str, now: float, quiet_s: float) -> CheckpointReport | None:
+def _quick(path: str, root: str, names: frozenset[str], now: float, quiet_s: float) -> CheckpointReport | None:
     try:
-        return validate(path, False, confine_to=root, now=now, quiet_s=quiet_s, max_level=1)
+        return validate(path, False, confine_to=root, now=now, quiet_s=quiet_s, max_level=1, siblings=names)
     except FileNotFoundError:
         return None
 

@@ -18,7 +18,7 @@ from ..states import Verdict
 from . import formats as F
 from .dircheck import check_dir, dir_size_and_mtime
 from .filecheck import check_file
-from .naming import NEMO_UNFINISHED_SUFFIX, parse_name
+from .naming import parse_name, unfinished_marker_names
 from .outcome import Outcome, unverifiable
 
 log = logging.getLogger("supervisor.checkpoints")
@@ -75,6 +75,7 @@ def validate(
     now: float | None = None,
     quiet_s: float = 0.0,
     max_level: int = 3,
+    siblings: frozenset[str] | None = None,
 ) -> CheckpointReport:
     """Validate one checkpoint without executing anything in it.
 
@@ -83,7 +84,8 @@ def validate(
     modified less than ``quiet_s`` seconds before ``now`` becomes IN_PROGRESS (a writer may still
     be at it, or an NFS client may see a stale size). ``max_level`` < 3 stops a file's ladder
     early (a quick look at candidates older than the resume point; directories always get their
-    full check). Raises FileNotFoundError when ``path`` itself does not exist."""
+    full check). ``siblings``: the names in the parent directory when the caller has listed it
+    (saves a stat per marker lookup). Raises FileNotFoundError when ``path`` itself does not exist."""
     raw = os.fspath(path)
     name = os.path.basename(raw.rstrip("/")) or raw
     info = parse_name(name)
@@ -106,9 +108,12 @@ def validate(
         if name_step is None:
             name_step = parse_name(os.path.basename(resolved)).step
             base["name_step"] = name_step
-    if os.path.lexists(raw.rstrip("/") + NEMO_UNFINISHED_SUFFIX):
+    parent = os.path.dirname(raw.rstrip("/"))
+    exists = (lambda m: m in siblings) if siblings is not None else (lambda m: os.path.lexists(os.path.join(parent, m)))
+    marker = next((m for m in unfinished_marker_names(name) if exists(m)), None)
+    if marker is not None:
         outcome = Outcome(F.UNKNOWN, Verdict.IN_PROGRESS, 0,
-                          f"'{name}{NEMO_UNFINISHED_SUFFIX}' marker present: the save did not finish")
+                          f"NeMo marker '{marker}' present: the save did not finish")
         return _report(base, outcome, st.st_size, st.st_mtime)
     is_dir = stat.S_ISDIR(st.st_mode)
     outcome = _run_ladder(raw, is_dir, st, deep, max_level)

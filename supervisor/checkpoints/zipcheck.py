@@ -94,11 +94,12 @@ def pread_exact(fd: int, length: int, offset: int) -> bytes:
     return b"".join(parts)
 
 
-def read_trailer(fd: int, base: int, length: int) -> Trailer:
-    """L1: find and cross-check the end-of-central-directory records. Raises ZipCheckError(1)."""
+def read_trailer(fd: int, base: int, length: int, *, check_head: bool = True) -> Trailer:
+    """L1: find and cross-check the end-of-central-directory records. Raises ZipCheckError(1).
+    ``check_head=False`` skips the read of the first bytes (one I/O instead of two)."""
     if length < 22 + 30:
         raise ZipCheckError(1, f"too small for a zip archive ({length} bytes)")
-    head = pread_exact(fd, 8, base)
+    head = pread_exact(fd, 8, base) if check_head else LOCAL_SIG
     if head[:4] != LOCAL_SIG:
         if head == b"\0" * len(head):
             raise ZipCheckError(1, "zero-filled start (size kept, data never written)")

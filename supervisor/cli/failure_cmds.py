@@ -77,6 +77,10 @@ def classify_cmd(logfile: Path, exit_code: int | None, signal_text: str | None, 
 
     Prints the failure class, the action the default policy takes, the step and the evidence: the
     first failure in the log, not the last. Without --exit-code/--signal the text alone decides.
+
+    \b
+    Exit codes: 0 classified (whatever the class; an empty log is classified from the exit status
+    alone, "unknown" without one); 2 unreadable or binary file, or --exit-code with --signal.
     """
     from ..failures import classify, parse_signal
 
@@ -136,7 +140,12 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @handle_errors
 def audit_cmd(run_dir: Path, config_file: Path | None, as_json: bool) -> None:
-    """The step-budget audit of a run: per-attempt ledger, resume checks and the budget verdict."""
+    """The step-budget audit of a run: per-attempt ledger, resume checks and the budget verdict.
+
+    \b
+    Exit codes: 0 within budget and every resume matched its checkpoint; 1 a budget is exhausted
+    or a resume audit failed; 2 RUN_DIR is not a run directory, or a bad --config.
+    """
     from ..budget import audit_resume, judge, ledger_from_events, records_to_json
     from ..config import load_config
     from ..events import read_events

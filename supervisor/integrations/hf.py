@@ -48,6 +48,7 @@ class SupervisorCallback(TrainerCallback):
         self.stopped_on_notice = False
         self.emergency_step: int | None = None
         self._saving: Any = None  # the open client.saving(...) context between decision and on_save
+        self._loss: float | None = None  # the last logged loss, repeated in step heartbeats
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.own_signals and threading.current_thread() is threading.main_thread():
@@ -56,7 +57,10 @@ class SupervisorCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
-        client.heartbeat(step)
+        if self._loss is None:
+            client.heartbeat(step)
+        else:
+            client.heartbeat(step, loss=self._loss)
         if _any_rank(client.should_stop(), args.device):
             wanted = emergency_save_wanted(self.save_wait) if state.is_world_process_zero else False
             if _any_rank(wanted, args.device) and not control.should_save:
@@ -83,7 +87,8 @@ class SupervisorCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
         if logs and isinstance(logs.get("loss"), (int, float)):
-            client.heartbeat(int(state.global_step), loss=logs["loss"])
+            self._loss = float(logs["loss"])
+            client.heartbeat(int(state.global_step), loss=self._loss)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._saving is not None:  # a save was announced but never happened

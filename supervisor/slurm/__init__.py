@@ -54,7 +54,8 @@ def get_backend(
     the CLI; ``cli`` / ``pyslurm`` force one (``pyslurm`` raises when it cannot be used).
     ``env`` and ``cli_options`` (timeout, attempts, backoff) configure the CLI backend."""
     if prefer not in BACKEND_CHOICES:
-        raise SlurmError(["get_backend", prefer], f"unknown Slurm backend {prefer!r}; use one of {', '.join(BACKEND_CHOICES)}")
+        choices = ", ".join(BACKEND_CHOICES)
+        raise SlurmError(["get_backend", prefer], f"unknown Slurm backend {prefer!r}; use one of {choices}")
     cli = SlurmCli(env=env, **cli_options)
     if prefer == "cli":
         return cli

@@ -101,7 +101,8 @@ class SlurmCli:
             if getattr(err, "timed_out", False) and self.attempts > 1 and idempotent:
                 raise slurm_error(
                     argv,
-                    f"timed out after {limit:g} s, {self.attempts} times; is the Slurm controller down or overloaded?",
+                    f"timed out after {limit:g} s (attempt {self.attempts} of {self.attempts}); "
+                    "is the Slurm controller down or overloaded?",
                     None,
                     getattr(err, "stderr", ""),
                 ) from err
