@@ -55,6 +55,10 @@ OTHER_RANK_INTERVAL = 2.0  # s between heartbeats from other ranks: liveness, no
 NONFINITE_MIN_GAP = 0.02  # s; a metric turning NaN/inf is sent at once, but never faster than this
 HELLO_INTERVAL = 10.0  # s; hello is repeated so a lost datagram only delays broadcasts
 DRAIN_INTERVAL = 0.01  # s between non-blocking reads of supervisor messages
+# After a notice signal, how long save_requested() waits for the supervisor's verdict (save now, or
+# just stop). Slurm signals the training process and the supervisor at the same moment; without
+# this wait the child would race the supervisor's decision and leave without its emergency save.
+VERDICT_WAIT = 1.0
 STOP_FILE_INTERVAL = 1.0  # s between stats of the stop file (it may sit on a shared filesystem)
 NOTICE_SIGNALS_ENV = "SUPERVISOR_NOTICE_SIGNALS"  # e.g. "TERM,USR1": default for install()
 
@@ -157,6 +161,8 @@ class _Client:
         self.stop_reason: str | None = None
         self.stop_deadline: float | None = None
         self.save_requested = False
+        self.verdict_seen = False  # a stop / save_now message from the supervisor arrived
+        self._verdict_waited = False
         self.save_deadline: float | None = None
         self.abort: tuple[str | None, str | None] | None = None  # (path, reason)
         self.signals_seen: list[tuple[int, float]] = []  # bounded: at most one entry per signal
@@ -361,7 +367,28 @@ class _Client:
                 continue
             self._apply(kind, record)
 
+    def await_verdict(self, timeout: float) -> None:
+        """Block up to ``timeout`` for the supervisor's answer to a notice (once per process)."""
+        if self._verdict_waited or self.verdict_seen or self._recv is None or not self.sending:
+            return
+        self._verdict_waited = True
+        import select
+
+        deadline = _monotonic() + timeout
+        while not self.verdict_seen:
+            left = deadline - _monotonic()
+            if left <= 0:
+                return
+            try:
+                ready, _, _ = select.select([self._recv], [], [], left)
+            except (OSError, ValueError):
+                return
+            if ready:
+                self._drain()
+
     def _apply(self, kind: Kind, record: Mapping[str, Any]) -> None:
+        if kind in (Kind.STOP, Kind.SAVE_NOW):
+            self.verdict_seen = True
         if kind is Kind.STOP:
             self._note_stop(record.get("reason") or "supervisor asked to stop", record.get("deadline"))
         elif kind is Kind.SAVE_NOW:
@@ -609,9 +636,15 @@ def stop_reason() -> str | None:
 
 
 def save_requested() -> bool:
-    """The supervisor asked for an emergency save (cleared when a save completes)."""
+    """The supervisor asked for an emergency save (cleared when a save completes).
+
+    After a notice signal with a live supervisor, waits (once, up to ``VERDICT_WAIT`` s) for its
+    verdict, so the answer reflects the grace-deadline arbitration rather than a race with it.
+    """
     client = _CLIENT or _client()
     client.refresh()
+    if client.stop_reason is not None and not client.verdict_seen:
+        client.await_verdict(VERDICT_WAIT)
     return client.save_requested
 
 

@@ -77,26 +77,27 @@ def _checks_for(device: Any, args: argparse.Namespace, torch: Any) -> list[dict[
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    results = []
-    try:
+    def conv2d() -> dict[str, Any]:
         # Few channels on a large image: many output pixels, each from the same small kernel.
         image = torch.randn(1, 3, size, size, generator=gen).to(device)
         weight = torch.randn(8, 3, 3, 3, generator=gen).to(device)
         bias = torch.randn(8, generator=gen).to(device)
-        results.append(_repeat(f"conv2d_fp32_{size}", args.runs,
-                               lambda: torch.nn.functional.conv2d(image, weight, bias, padding=1), torch, sync))
-        del image, weight, bias
-        a = torch.randn(msize, msize, generator=gen).to(device)
-        b = torch.randn(msize, msize, generator=gen).to(device)
-        results.append(_repeat(f"matmul_fp32_{msize}", args.matmul_runs, lambda: a @ b, torch, sync))
-        a16, b16 = a.to(torch.bfloat16), b.to(torch.bfloat16)
-        del a, b
-        results.append(_repeat(f"matmul_bf16_{msize}", args.matmul_runs, lambda: a16 @ b16, torch, sync))
-        del a16, b16
-    except Exception as exc:  # noqa: BLE001 - allocation or transfer failed before a check ran
-        results.append({"name": "setup", "runs": 0, "mismatches": None, "max_abs_diff": None,
-                        "first_bad_run": None, "seconds": None,
-                        "error": f"{type(exc).__name__}: {exc}".strip()[:2000]})
+        return _repeat(f"conv2d_fp32_{size}", args.runs,
+                       lambda: torch.nn.functional.conv2d(image, weight, bias, padding=1), torch, sync)
+
+    def matmul(dtype: Any, label: str) -> dict[str, Any]:
+        a = torch.randn(msize, msize, generator=gen).to(device, dtype)
+        b = torch.randn(msize, msize, generator=gen).to(device, dtype)
+        return _repeat(f"matmul_{label}_{msize}", args.matmul_runs, lambda: a @ b, torch, sync)
+
+    results = []
+    for run in (conv2d, lambda: matmul(torch.float32, "fp32"), lambda: matmul(torch.bfloat16, "bf16")):
+        try:
+            results.append(run())
+        except Exception as exc:  # noqa: BLE001 - allocation or transfer failed before the check ran
+            results.append({"name": "setup", "runs": 0, "mismatches": None, "max_abs_diff": None,
+                            "first_bad_run": None, "seconds": None,
+                            "error": f"{type(exc).__name__}: {exc}".strip()[:2000]})
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return results
@@ -131,10 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu exists to test the probe itself on machines without a GPU")
     parser.add_argument("--index", type=int, action="append", help="device index (repeatable; default all)")
-    parser.add_argument("--size", type=int, default=2048, help="conv2d input is 1x3xSIZExSIZE")
-    parser.add_argument("--runs", type=int, default=64)
+    parser.add_argument("--size", type=int, default=4096, help="conv2d input is 1x3xSIZExSIZE")
+    parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--matmul-size", type=int, default=4096)
-    parser.add_argument("--matmul-runs", type=int, default=24)
+    parser.add_argument("--matmul-runs", type=int, default=50)
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
 

@@ -69,3 +69,11 @@ class Verdict(str, Enum):
     CORRUPT = "corrupt"  # torn, truncated, CRC mismatch: quarantine
     UNVERIFIABLE = "unverifiable"  # cannot be proven either way (all-zero CRCs, unknown format)
     IN_PROGRESS = "in_progress"  # still being written; neither use nor quarantine
+
+
+class SubmitAction(str, Enum):
+    """What ``supervise submit`` does after a job of the run has ended for good (issue 6)."""
+
+    RESUBMIT = "resubmit"  # the run is not finished and nothing forbids it: submit the script again
+    DONE = "done"  # training is complete
+    STOP = "stop"  # policy, a budget, a person, a failure or the submission limit says stop

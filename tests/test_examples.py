@@ -9,6 +9,8 @@ runs of these examples live in the run-loop tests.
 
 from __future__ import annotations
 
+import faulthandler
+import importlib.util
 import os
 import signal
 import subprocess
@@ -93,9 +95,34 @@ class Run:
         return [int(line.split()[1]) for _, line in self.lines if line.startswith("step ")]
 
 
+def train_in_process(argv: list[str]) -> None:
+    """train_plain.py's main() in this process: a reference run without another torch import.
+    One thread, like the subprocesses (OMP_NUM_THREADS=1), so that results match bit for bit."""
+    from supervisor import client
+
+    spec = importlib.util.spec_from_file_location("example_train_plain", PLAIN)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    saved_handler, threads = signal.getsignal(signal.SIGTERM), torch.get_num_threads()
+    with pytest.MonkeyPatch.context() as mp:
+        for name in [n for n in os.environ if n.startswith(("SUPERVISOR_", "FAULT_"))]:
+            mp.delenv(name)
+        client._CLIENT = None  # rebuilt from this (supervisor-free) environment
+        torch.set_num_threads(1)
+        try:
+            assert module.main(argv) == 0
+        finally:
+            torch.set_num_threads(threads)
+            signal.signal(signal.SIGTERM, saved_handler)
+            if client.STACK_DUMP_SIGNAL is not None:
+                faulthandler.unregister(client.STACK_DUMP_SIGNAL)
+            client._CLIENT = None
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """Start every run of the module at once; the two resume runs start when their source is done."""
+    """Start every run of the module at once (each imports torch: seconds); tests check their own."""
     base = tmp_path_factory.mktemp("examples")
     py = sys.executable
 
@@ -109,19 +136,34 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
         work.mkdir()
         return Run([py, str(ZERO), "--ckpt-dir", str(work / "ckpt"), *args], work, env)
 
+    # The uninterrupted reference run (steps 1..8, a checkpoint every 2), in this process.
+    reference = base / "reference"
+    train_in_process(["--steps", "8", "--save-every", "2", "--keep", "10", "--ckpt-dir", str(reference)])
+    # A zero-code checkpoint in that script's own format (model, optim, step) to resume from.
+    (base / "zero_source").mkdir()
+    zero_model = torch.nn.Linear(16, 1)
+    torch.save({"model": zero_model.state_dict(), "step": 4,
+                "optim": torch.optim.SGD(zero_model.parameters(), lr=0.05).state_dict()},
+               base / "zero_source" / "step=4.ckpt")
+
     (base / "torchrun").mkdir()
     started: dict[str, Any] = {
         "base": base,
         "basic": plain("basic", "--steps", "8", "--save-every", "2", "--keep", "2"),
+        # Attempt 2 resumes where attempt 1 saved; a fault armed for attempt 1 does not fire again.
+        "resumed": plain("resumed", "--steps", "8", "--save-every", "2", env={
+            "SUPERVISOR_RESUME_FROM": str(reference / "step=6.ckpt"), "SUPERVISOR_RESUME_STEP": "6",
+            "SUPERVISOR_ATTEMPT": "2", "FAULT_SEGFAULT_AT": "7"}),
         "segfault": plain("segfault", "--steps", "6", env={"FAULT_SEGFAULT_AT": "3"}),
         "exception": plain("exception", "--steps", "6", env={"FAULT_EXCEPTION_AT": "3"}),
         "stall": plain("stall", "--steps", "6", env={"FAULT_STALL_AT": "3"}),
         # FAULT_ILLEGAL_MEMORY_AT on a CPU only says why it is skipped, then the notice comes.
         "sigterm": plain("sigterm", "--steps", "20", "--save-every", "100",
                          env={"FAULT_ILLEGAL_MEMORY_AT": "2", "FAULT_SIGTERM_AT": "3"}),
-        "from_zero": plain("from_zero", "--steps", "2", "--ckpt", str(base / "nowhere" / "step=6.ckpt"),
+        "from_zero": plain("from_zero", "--steps", "2", "--ckpt", str(reference / "step=6.ckpt"),
                            env={"FAULT_RESTART_FROM_ZERO": "1"}),
         "zero_basic": zero("zero_basic", "--steps", "4", "--save-every", "2"),
+        "zero_resumed": zero("zero_resumed", "--steps", "6", "--ckpt_path", str(base / "zero_source" / "step=4.ckpt")),
         "zero_segfault": zero("zero_segfault", "--steps", "6", env={"FAULT_SEGFAULT_AT": "2"}),
         "zero_stall": zero("zero_stall", "--steps", "6", env={"FAULT_STALL_AT": "2"}),
         "zero_exception": zero("zero_exception", "--steps", "6", env={"FAULT_EXCEPTION_AT": "2"}),
@@ -132,15 +174,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
                         {"FAULT_SIGTERM_AT": "3", "FAULT_RANK": "1", "FAULT_SIGTERM_PID": "self"}),
     }
     try:
-        # Attempt 2 resumes where attempt 1 saved; a fault armed for attempt 1 does not fire again.
-        if started["basic"].wait() == 0:
-            source = base / "basic" / "ckpt" / "step=6.ckpt"
-            started["resumed"] = plain("resumed", "--steps", "8", "--save-every", "2", env={
-                "SUPERVISOR_RESUME_FROM": str(source), "SUPERVISOR_RESUME_STEP": "6",
-                "SUPERVISOR_ATTEMPT": "2", "FAULT_SEGFAULT_AT": "7"})
-        if started["zero_basic"].wait() == 0:
-            started["zero_resumed"] = zero("zero_resumed", "--steps", "6", "--ckpt_path",
-                                           str(base / "zero_basic" / "ckpt" / "step=4.ckpt"))
         yield started
     finally:
         for run in started.values():
@@ -175,14 +208,13 @@ def test_plain_writes_valid_step_checkpoints_and_a_hard_linked_last(runs: Any) -
 def test_plain_resume_from_the_env_continues_exactly(runs: Any) -> None:
     """Attempt 2 resumes from step 6 (SUPERVISOR_RESUME_FROM) and trains to 8: bit-identical weights to
     the uninterrupted run; the segfault armed for attempt 1 does not fire in attempt 2."""
-    assert "resumed" in runs, "the uninterrupted run failed: see its own test"
     resumed: Run = runs["resumed"]
     assert resumed.wait() == 0, resumed.output
-    source = runs["base"] / "basic" / "ckpt" / "step=6.ckpt"
+    source = runs["base"] / "reference" / "step=6.ckpt"
     assert f"resumed from {source} at step 6" in resumed.output
     assert resumed.step_lines() == [7, 8] and "FAULT" not in resumed.output
     ours = load(runs["base"] / "resumed" / "ckpt" / "step=8.ckpt")["model"]
-    reference = load(runs["base"] / "basic" / "ckpt" / "step=8.ckpt")["model"]
+    reference = load(runs["base"] / "reference" / "step=8.ckpt")["model"]
     assert ours.keys() == reference.keys()
     for key in ours:
         assert torch.equal(ours[key], reference[key]), key
@@ -191,7 +223,7 @@ def test_plain_resume_from_the_env_continues_exactly(runs: Any) -> None:
 def test_plain_restart_from_zero_fault_ignores_the_resume_point(runs: Any) -> None:
     run: Run = runs["from_zero"]
     assert run.wait() == 0, run.output
-    source = runs["base"] / "nowhere" / "step=6.ckpt"
+    source = runs["base"] / "reference" / "step=6.ckpt"
     assert f"FAULT_RESTART_FROM_ZERO: ignoring resume point {source}" in run.output
     assert "resumed from" not in run.output and run.step_lines() == [1, 2]
 
@@ -259,7 +291,7 @@ def test_zero_code_saves_plain_files_and_resumes_from_ckpt_path(runs: Any) -> No
     assert first.step_lines() == [1, 2, 3, 4]
     second: Run = runs["zero_resumed"]
     assert second.wait() == 0, second.output
-    assert f"resumed from {ckpt / 'step=4.ckpt'} at step 4" in second.output
+    assert f"resumed from {runs['base'] / 'zero_source' / 'step=4.ckpt'} at step 4" in second.output
     assert second.step_lines() == [5, 6]
     assert "import supervisor" not in ZERO.read_text() and "from supervisor" not in ZERO.read_text()
 

@@ -122,7 +122,8 @@ def test_a_crashed_probe_blames_the_gpu_only_on_gpu_evidence() -> None:
     base = {"probe": None, "gpus_done": [], "timed_out": False, "returncode": 1}
     broken = judge_gpu_results({**base, "stderr_tail": "Traceback ...\nImportError: libcudnn.so.9: cannot open"})
     assert broken.exit_code == EXIT_CANNOT_CHECK and "exited with status 1" in broken.reason
-    lost = judge_gpu_results({**base, "stderr_tail": "RuntimeError: CUDA error: unknown error\nXid 79: GPU has fallen off the bus"})
+    lost = judge_gpu_results({**base, "stderr_tail": "RuntimeError: CUDA error: unknown error\n"
+                                                     "Xid 79: GPU has fallen off the bus"})
     assert lost.exit_code == EXIT_UNHEALTHY
     killed = judge_gpu_results({**base, "returncode": -11, "stderr_tail": ""})
     assert "died of signal 11" in killed.reason and killed.exit_code == EXIT_CANNOT_CHECK

@@ -56,7 +56,8 @@ def machine_of(overhead: Any, check: Any) -> tuple[str, str]:
             parts.append(f"torch {torch_v} (CUDA {cuda_v}), Python {py_v}")
     elif isinstance(check, dict) and check.get("gpus"):
         gpu = check["gpus"][0]
-        parts.append(f"{len(check['gpus'])}× {gpu.get('name')}, driver {gpu.get('driver')}, torch {check.get('torch')}")
+        parts.append(f"{len(check['gpus'])}× {gpu.get('name')}, driver {gpu.get('driver')}, "
+                     f"torch {check.get('torch')}")
     return date, ", ".join(parts) or "?"
 
 
@@ -93,7 +94,8 @@ def ima_row(events: list[dict[str, Any]], attempt_log: str) -> str:
     parts.append("CUDA's own error text in the attempt log" if seen_text else "CUDA error text NOT found")
     if resumes:
         r = resumes[0]
-        parts.append(f"attempt {r.get('attempt')} resumed from `{Path(str(r.get('path'))).name}` (step {r.get('step')})")
+        parts.append(f"attempt {r.get('attempt')} resumed from `{Path(str(r.get('path'))).name}` "
+                     f"(step {r.get('step')})")
     parts.append(f"run ended `{end.get('outcome')}` after {end.get('attempts')} attempts" if end else "no run_end")
     return f"{title} | " + "; ".join(parts)
 

@@ -36,7 +36,8 @@ from typing import Any
 from .. import client
 from . import emergency_save_wanted, resume_ckpt_path
 
-__all__ = ["SupervisorCallback", "PLSupervisorCallback", "resume_ckpt_path"]
+# Also SupervisorCallback and PLSupervisorCallback, built on first access (module __getattr__).
+__all__ = ["resume_ckpt_path"]
 
 
 class _CheckpointIOLogic:
@@ -151,7 +152,7 @@ class _CallbackLogic:
         wanted = trainer.strategy.reduce_boolean_decision(wanted, all=False)
         if wanted and self.last_saved_step != step:
             path = os.path.join(self._emergency_dir(trainer), f"epoch={trainer.current_epoch}-step={step}.ckpt")
-            trainer.save_checkpoint(path)  # collective; rank 0 writes through the wrapped CheckpointIO
+            trainer.save_checkpoint(path, weights_only=False)  # collective; rank 0 writes (wrapped IO)
             self.emergency_path = path
             if trainer.is_global_zero:
                 print(f"saved step {step} to {path}", flush=True)

@@ -1,0 +1,175 @@
+"""Preemption on the real test cluster (Slurm 22.05, partition `extra` preempted by `own`):
+grace-aware save arbitration, the explicit requeue, and the resume that follows.
+
+The victim runs `srun supervise run -- python <child>`; a job on `own` preempts it at a chosen
+moment (before, during, after a save). Children are real trainings whose saves take a controlled
+time (tests/children/): a stand-in for a slow filesystem, so the notice lands where we want it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, events_named, run_supervise
+
+pytest.importorskip("torch")
+PY = sys.executable
+CHILDREN = Path(__file__).resolve().parent / "children"
+
+
+def victim_script(run_dir: Path, child_args: str, sets: str = "") -> str:
+    return f"""#!/bin/bash
+export PYTHONPATH={REPO}
+echo "JOB RUN restart=${{SLURM_RESTART_COUNT:-0}}"
+srun --cpus-per-task=1 {PY} -m supervisor run --run-dir {run_dir} --set preemption.margin=2 {sets} -- {child_args}
+echo "SUPERVISE EXIT $?"
+"""
+
+
+def submit_victim(cluster, job_dir: Path, node: str, script: str) -> int:
+    return cluster.sbatch(script, "-p", "extra", "-N1", "--exclusive", "-w", node, "--requeue",
+                          "--open-mode=append", "-J", "victim", "-o", f"{job_dir}/victim-%j.out")
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def log_has(run_dir: Path, needle: str, attempt: int = 1) -> bool:
+    log = run_dir / "supervisor" / f"attempt-{attempt}.log"
+    try:
+        return needle in log.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def event_seen(run_dir: Path, name: str, **match) -> bool:
+    try:
+        return any(all(e.get(k) == v for k, v in match.items()) for e in events_named(run_dir, name))
+    except OSError:
+        return False
+
+
+def resumed_step_from_child(run_dir: Path, attempt: int) -> int:
+    """The child's own report of where it resumed (not the supervisor's opinion)."""
+    text = (run_dir / "supervisor" / f"attempt-{attempt}.log").read_text()
+    found = re.search(r"resumed from \S+ at step (\d+)", text)
+    assert found, f"attempt {attempt} did not report a resume:\n{text[:2000]}"
+    return int(found.group(1))
+
+
+def verify_all(ckpt_dir: Path) -> list[dict]:
+    files = sorted(p for p in ckpt_dir.iterdir() if p.suffix == ".ckpt" and not p.name.startswith("CORRUPT_"))
+    res = run_supervise(["verify", "--json", *map(str, files)])
+    return json.loads(res.stdout)
+
+
+def test_emergency_save_within_grace_then_requeue_resumes_at_the_saved_step(slurm_cluster, slurm_job_dir):
+    run_dir = slurm_job_dir / "run"
+    child = f"{PY} {CHILDREN / 'slow_saver.py'} --steps 60 --step-time 0.1 --save-every 10 --save-seconds 0.5"
+    with slurm_cluster.grace(10):
+        job = submit_victim(slurm_cluster, slurm_job_dir, "n1", victim_script(run_dir, child))
+        wait_until(lambda: log_has(run_dir, "step 14\n"), 90, "step 14")  # between saves
+        slurm_cluster.preempt("n1")
+        final = slurm_cluster.wait_state(job, "COMPLETED", timeout=150, min_restarts=1)
+    assert final.restarts == 1
+    arbitration = events_named(run_dir, "arbitration")[0]
+    assert arbitration["decision"] == "emergency_save", arbitration["reason"]
+    notice_at = events_named(run_dir, "notice")[0]["ts"]
+    emergency = [s for s in events_named(run_dir, "save_end") if s["ts"] > notice_at and s["attempt"] == 1]
+    assert emergency and emergency[0]["ok"], "no emergency save after the notice"
+    saved_step = emergency[0]["step"]
+    assert events_named(run_dir, "attempt_end")[0]["steps_lost"] == 0
+    requeue = [r for r in events_named(run_dir, "requeue") if r.get("how") == "scontrol"]
+    assert requeue and requeue[-1].get("ok") is True
+    assert resumed_step_from_child(run_dir, 2) == saved_step  # exactly the saved step, no step lost
+    assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
+    assert all(r["ok"] for r in verify_all(run_dir / "checkpoints"))
+
+
+def test_preempted_mid_save_that_fits_blocks_until_the_save_lands(slurm_cluster, slurm_job_dir):
+    run_dir = slurm_job_dir / "run"
+    child = f"{PY} {CHILDREN / 'slow_saver.py'} --steps 50 --step-time 0.1 --save-every 10 --save-seconds 2.5"
+    with slurm_cluster.grace(12):
+        job = submit_victim(slurm_cluster, slurm_job_dir, "n2", victim_script(run_dir, child))
+        # One full save first (history), then preempt as the second save begins.
+        wait_until(lambda: event_seen(run_dir, "save_begin", step=20), 120, "the save of step 20")
+        slurm_cluster.preempt("n2")
+        final = slurm_cluster.wait_state(job, "COMPLETED", timeout=150, min_restarts=1)
+    assert final.restarts == 1
+    arbitration = events_named(run_dir, "arbitration")[0]
+    assert arbitration["decision"] == "block", arbitration["reason"]
+    saves = {s["step"]: s for s in events_named(run_dir, "save_end") if s["attempt"] == 1}
+    assert saves[20]["ok"], "the in-flight save was not allowed to finish"
+    assert resumed_step_from_child(run_dir, 2) >= 20
+    assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
+    assert all(r["ok"] for r in verify_all(run_dir / "checkpoints"))
+
+
+def test_preempted_mid_save_that_cannot_fit_is_aborted_and_the_previous_checkpoint_stays(
+        slurm_cluster, slurm_job_dir):
+    run_dir = slurm_job_dir / "run"
+    child = f"{PY} {CHILDREN / 'slow_saver.py'} --steps 30 --step-time 0.1 --save-every 10 --save-seconds 6"
+    with slurm_cluster.grace(4):
+        job = submit_victim(slurm_cluster, slurm_job_dir, "n1", victim_script(run_dir, child))
+        wait_until(lambda: event_seen(run_dir, "save_begin", step=20), 150, "the save of step 20")
+        slurm_cluster.preempt("n1")
+        wait_until(lambda: event_seen(run_dir, "run_end"), 60, "the supervisor to end")
+        # Right after the abort, before anything else runs: nothing torn, step 10 intact.
+        ckpt = run_dir / "checkpoints"
+        assert not (ckpt / "step=20.ckpt").exists()
+        assert not list(ckpt.glob(".step=20.ckpt.tmp-*")), "the aborted writer's temp file was left behind"
+        assert all(r["ok"] for r in verify_all(ckpt))
+        final = slurm_cluster.wait_state(job, "COMPLETED", timeout=180, min_restarts=1)
+    arbitration = events_named(run_dir, "arbitration")[0]
+    assert arbitration["decision"] == "abort", arbitration["reason"]
+    assert events_named(run_dir, "save_aborted")
+    assert final.restarts >= 1
+    assert resumed_step_from_child(run_dir, 2) == 10
+    assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
+
+
+def test_zero_code_child_torn_mid_write_is_quarantined_and_resumed_from_a_step_checkpoint(
+        slurm_cluster, slurm_job_dir):
+    run_dir = slurm_job_dir / "run"
+    ckpt = run_dir / "checkpoints"
+    child = (f"{PY} {CHILDREN / 'zero_code_slow.py'} --steps 40 --step-time 0.1 --save-every 10 "
+             f"--last-seconds 4 --ckpt-dir {ckpt}")
+    with slurm_cluster.grace(3):
+        job = submit_victim(slurm_cluster, slurm_job_dir, "n2",
+                            victim_script(run_dir, child, sets="--resume-arg '--ckpt_path {path}'"))
+        wait_until(lambda: log_has(run_dir, "writing last.ckpt for step 20"), 150, "the write of last.ckpt")
+        time.sleep(0.5)
+        slurm_cluster.preempt("n2")
+        final = slurm_cluster.wait_state(job, "COMPLETED", timeout=180, min_restarts=1)
+    assert final.restarts >= 1
+    quarantined = events_named(run_dir, "quarantine")
+    assert quarantined and quarantined[0]["path"].endswith("last.ckpt") and quarantined[0]["ok"]
+    assert list(ckpt.glob("CORRUPT_last.ckpt.*.json")), "no sidecar saying why"
+    resume = events_named(run_dir, "resume_point")[1]
+    assert resume["path"].endswith("step=20.ckpt") and resume["step"] == 20
+    assert resumed_step_from_child(run_dir, 2) == 20
+    assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
+
+
+def test_completed_training_is_not_requeued(slurm_cluster, slurm_job_dir):
+    run_dir = slurm_job_dir / "run"
+    child = f"{PY} {CHILDREN / 'slow_saver.py'} --steps 15 --step-time 0.05 --save-every 5 --save-seconds 0.1"
+    result = slurm_cluster.run_job(victim_script(run_dir, child), "-p", "extra", "-N1", "-w", "n1",
+                                   "--requeue", "--open-mode=append", "-o", f"{slurm_job_dir}/done-%j.out",
+                                   timeout=90)
+    assert result.info.state == "COMPLETED" and result.info.restarts == 0
+    assert "SUPERVISE EXIT 0" in result.output
+    assert not events_named(run_dir, "requeue")
+    assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
