@@ -44,6 +44,12 @@ import torch
 from supervisor import client
 from supervisor.checkpoints import prune
 
+def say(line: str) -> None:
+    """Print one line in one write: lines of several ranks sharing a pipe never interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 # ----------------------------------------------------------------------------- fault injection
 
 
@@ -66,7 +72,7 @@ def illegal_memory_access(device: torch.device) -> None:
     try:
         _ptx_store(address, device)
     except OSError as exc:  # no libcuda symbol, PTX JIT refused: try Triton
-        print(f"FAULT_ILLEGAL_MEMORY_AT: driver-API launch unavailable ({exc}); trying Triton", flush=True)
+        say(f"FAULT_ILLEGAL_MEMORY_AT: driver-API launch unavailable ({exc}); trying Triton")
         _triton_store(buffer)
     torch.cuda.synchronize(device)  # raises "CUDA error: an illegal memory access was encountered"
     raise SystemExit("FAULT_ILLEGAL_MEMORY_AT: the out-of-bounds store did not fault")
@@ -119,22 +125,22 @@ def _triton_store(buffer: torch.Tensor) -> None:
 
 def inject_faults(step: int, device: torch.device) -> None:
     if fault_at("FAULT_SEGFAULT_AT", step):
-        print(f"FAULT_SEGFAULT_AT: segfault at step {step}", flush=True)
+        say(f"FAULT_SEGFAULT_AT: segfault at step {step}")
         ctypes.string_at(0)  # SIGSEGV: no Python code can catch it
     if fault_at("FAULT_ILLEGAL_MEMORY_AT", step):
         if device.type == "cuda":
-            print(f"FAULT_ILLEGAL_MEMORY_AT: out-of-bounds GPU store at step {step}", flush=True)
+            say(f"FAULT_ILLEGAL_MEMORY_AT: out-of-bounds GPU store at step {step}")
             illegal_memory_access(device)
         else:
-            print(f"FAULT_ILLEGAL_MEMORY_AT: skipped at step {step}: needs --device cuda", flush=True)
+            say(f"FAULT_ILLEGAL_MEMORY_AT: skipped at step {step}: needs --device cuda")
     if fault_at("FAULT_STALL_AT", step):
-        print(f"FAULT_STALL_AT: hanging at step {step}", flush=True)
+        say(f"FAULT_STALL_AT: hanging at step {step}")
         while True:  # like a deadlocked collective: no output, signals recorded but not acted on
             time.sleep(3600)
     if fault_at("FAULT_SIGTERM_AT", step):
         target = os.environ.get("FAULT_SIGTERM_PID", "").strip()
         pid = os.getppid() if target == "parent" else int(target) if target else os.getpgrp()
-        print(f"FAULT_SIGTERM_AT: SIGTERM to pid {pid} at step {step}", flush=True)
+        say(f"FAULT_SIGTERM_AT: SIGTERM to pid {pid} at step {step}")
         os.kill(pid, signal.SIGTERM)
     if fault_at("FAULT_EXCEPTION_AT", step):
         raise RuntimeError(f"FAULT_EXCEPTION_AT: injected exception at step {step}")
@@ -193,16 +199,11 @@ def _as_tuple(value):
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def emergency_save_wanted(wait: float = 0.5) -> bool:
-    """Should we save before leaving? The supervisor decides (a save must fit before the deadline).
-    Slurm's SIGTERM reaches us and the supervisor at the same moment, so give its answer (sent within
-    ~0.1 s) a moment to arrive. Without a supervisor: always save."""
-    if not client.enabled():
-        return True
-    until = time.monotonic() + wait
-    while not client.save_requested() and time.monotonic() < until:
-        time.sleep(0.01)
-    return client.save_requested()
+def emergency_save_wanted() -> bool:
+    """Save before leaving? With a supervisor, it decides: the save must fit before the grace
+    deadline (``save_requested()`` waits up to a second for that verdict, since Slurm's SIGTERM reaches
+    us and the supervisor at the same moment). Alone: always save."""
+    return client.save_requested() if client.enabled() else True
 
 
 # ----------------------------------------------------------------------------- training
@@ -244,12 +245,12 @@ def main(argv: list[str] | None = None) -> int:
 
     resume = args.ckpt or client.resume_path()
     if os.environ.get("FAULT_RESTART_FROM_ZERO") == "1" and fault_armed():
-        print(f"FAULT_RESTART_FROM_ZERO: ignoring resume point {resume}", flush=True)
+        say(f"FAULT_RESTART_FROM_ZERO: ignoring resume point {resume}")
         resume = None
     step = 0
     if resume:
         step = load_checkpoint(resume, model, optimizer, device)
-        print(f"resumed from {resume} at step {step}", flush=True)
+        say(f"resumed from {resume} at step {step}")
     client.resumed(step)
 
     last_saved = step if resume else -1
@@ -262,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         client.update_last(path, ckpt_dir / "last.ckpt")  # hard link: never torn, never a symlink
         prune(ckpt_dir, keep=args.keep, protect=[p for p in (path, resume) if p])
         last_saved = at
-        print(f"saved step {at} to {path}", flush=True)
+        say(f"saved step {at} to {path}")
 
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     timed_from, timed_start = None, 0.0
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         if client.should_stop():  # only at a step boundary: the state is consistent here
             if last_saved != step and emergency_save_wanted():
                 save(step)
-            print(f"stopping at step {step} ({client.stop_reason() or 'stop requested'})", flush=True)
+            say(f"stopping at step {step} ({client.stop_reason() or 'stop requested'})")
             return 0
         step += 1
         x, y = batch_for(step, args, device, teacher)
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.step()
         client.heartbeat(step, loss=loss.detach())  # converted only when a datagram goes out
         if step % args.log_every == 0 or step == args.steps:
-            print(f"step {step} loss {loss.item():.6f}", flush=True)
+            say(f"step {step} loss {loss.item():.6f}")
         inject_faults(step, device)
         if args.save_every and step % args.save_every == 0:
             save(step)
@@ -296,12 +297,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.synchronize(device)
     if timed_from is not None and step > timed_from:
         rate = (step - timed_from) / (time.perf_counter() - timed_start)
-        print(f"throughput {rate:.3f} steps/s over steps {timed_from}..{step}", flush=True)
+        say(f"throughput {rate:.3f} steps/s over steps {timed_from}..{step}")
     if args.save_every and last_saved != step:
         save(step)  # the final state
-    if hasattr(client, "done"):
-        client.done()  # training is complete: an exit after this is not a preemption stop
-    print(f"training complete at step {step}", flush=True)
+    client.done(step)  # training is complete: the exit that follows is not a preemption stop
+    say(f"training complete at step {step}")
     return 0
 
 

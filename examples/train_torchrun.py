@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     resume = args.ckpt or client.resume_path()
     step = plain.load_checkpoint(resume, model, optimizer, device) if resume else 0
     if resume and rank == 0:
-        print(f"resumed from {resume} at step {step}", flush=True)
+        plain.say(f"resumed from {resume} at step {step}")
     client.resumed(step)
     ddp = DistributedDataParallel(model)
     last_saved = step if resume else -1
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         client.update_last(path, ckpt_dir / "last.ckpt")
         plain.prune(ckpt_dir, keep=args.keep, protect=[p for p in (path, resume) if p])
         last_saved = at
-        print(f"saved step {at} to {path}", flush=True)
+        plain.say(f"saved step {at} to {path}")
 
     while step < args.steps:
         if any_rank(client.should_stop(), device):  # the same answer on every rank, same step
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                 save(step)
             dist.barrier()  # nobody leaves before the checkpoint is on disk
             reason = client.stop_reason() or "another rank was told to stop"
-            print(f"stopping at step {step} ({reason}) on rank {rank}", flush=True)
+            plain.say(f"stopping at step {step} ({reason}) on rank {rank}")
             dist.destroy_process_group()
             return 0
         step += 1
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.step()
         client.heartbeat(step, loss=loss.detach())
         if rank == 0 and (step % args.log_every == 0 or step == args.steps):
-            print(f"step {step} loss {loss.item():.6f}", flush=True)
+            plain.say(f"step {step} loss {loss.item():.6f}")
         if rank == fault_rank:
             plain.inject_faults(step, device)
         if rank == 0 and args.save_every and step % args.save_every == 0:
@@ -103,10 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0 and last_saved != step:
         save(step)
     dist.barrier()
-    if hasattr(client, "done"):
-        client.done()
+    client.done(step)
     if rank == 0:
-        print(f"training complete at step {step}", flush=True)
+        plain.say(f"training complete at step {step}")
     dist.destroy_process_group()
     return 0
 

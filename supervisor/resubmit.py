@@ -103,7 +103,8 @@ def decide_next(
         return NextStep(SubmitAction.STOP, reason, kind, code)
 
     if outcome == "complete":
-        return NextStep(SubmitAction.DONE, f"{job}: training complete ({why})", "complete", ExitCode.OK)
+        return NextStep(SubmitAction.DONE, f"{job}: {why if run_end.get('reason') else 'training complete'}",
+                        "complete", ExitCode.OK)
     if outcome == "stopped":
         return stop("stopped", ExitCode.STOPPED, f"{job}: the supervisor stopped the run: {why}; not resubmitting")
     if outcome == "failed":
@@ -214,8 +215,33 @@ _VAR_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)
 _ASSIGN_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 
 
-def _logical_lines(text: str) -> list[str]:
-    return text.replace("\\\r\n", " ").replace("\\\n", " ").splitlines()
+def _commands(text: str) -> list[list[str]]:
+    """The script's simple commands as word lists (shell quoting, comments, ``\\`` continuations and
+    quoted arguments that span lines, as a rendered ``python -c`` program does)."""
+    out: list[list[str]] = []
+    pending: list[str] = []
+    for line in text.splitlines():
+        if pending:
+            pending.append(line)
+        else:
+            pending = [line]
+        joined = "\n".join(pending)
+        if joined.endswith("\\") and not joined.endswith("\\\\"):
+            pending = [joined[:-1] + " "]
+            continue
+        try:
+            words = shlex.split(joined, comments=True)
+        except ValueError:  # an open quote: the command goes on on the next line
+            continue
+        pending = []
+        if words:
+            out.append(words)
+    for line in pending:  # a quote never closed: read what can be read line by line
+        try:
+            out.append(shlex.split(line, comments=True))
+        except ValueError:
+            pass
+    return out
 
 
 def _words(line: str) -> list[str]:
@@ -251,8 +277,7 @@ def run_dir_from_script(text: str, base: Path) -> Path:
     variables: dict[str, str | None] = {}
     found: list[str] = []
     unresolved: list[str] = []
-    for line in _logical_lines(text):
-        words = _words(line)
+    for words in _commands(text):
         if words[:1] == ["export"]:
             words = words[1:]
         while words and _ASSIGN_RE.match(words[0]):  # NAME=value [NAME=value ...] [command]
@@ -450,15 +475,18 @@ class SubmitLoop:
     def run(self) -> SubmitResult:
         reason = "first submission"
         current: Submission | None = None
+        submitting = False
         try:
             while True:
+                submitting = True
                 current = self._submit(reason)
+                submitting = False
                 final = self._follow(current)
-                events = self._events()
-                scope = job_scope(events, current.job_id, final.restarts)
+                scope = job_scope(self._events(), current.job_id, final.restarts)
                 run_end = last_run_end(scope) or self._wait_for_run_end(current.job_id, final.restarts)
+                events = self._events()
                 self.excluded = tuple(dict.fromkeys([*self.excluded, *excluded_nodes(scope)]))
-                verdict = judge_for_resubmission(self._events(), self.budget)
+                verdict = judge_for_resubmission(events, self.budget)
                 step = decide_next(final, run_end, len(self.submissions), self.max_submissions, verdict)
                 current.final_state, current.restarts = final.state, final.restarts
                 current.exit_code, current.decision = final.exit_code, step.action.value
@@ -467,11 +495,16 @@ class SubmitLoop:
                     return self._result(step.outcome, step.exit_code, step.reason)
                 reason = step.reason
         except KeyboardInterrupt:
-            return self._result("interrupted", INTERRUPTED_EXIT, self._left_alone(current))
+            return self._result("interrupted", INTERRUPTED_EXIT, self._left_alone(None if submitting else current))
         except SlurmError as err:
-            where = f"; job {current.job_id} is left alone (check it with: squeue -j {current.job_id})" \
-                if current is not None else ""
-            return self._result("slurm_error", ExitCode.FAILED, f"Slurm: {err}{where}")
+            if submitting:
+                where = (f"; nothing was resubmitted ({len(self.submissions)} job(s) submitted so far)"
+                         if self.submissions else "")
+                return self._result("slurm_error", ExitCode.FAILED, f"sbatch failed: {err}{where}")
+            assert current is not None
+            return self._result("slurm_error", ExitCode.FAILED,
+                                f"Slurm: {err}; job {current.job_id} is left alone (check it with: "
+                                f"squeue -j {current.job_id})")
 
     # ---- steps ----------------------------------------------------------------------------------
     def _submit(self, reason: str) -> Submission:
@@ -493,6 +526,8 @@ class SubmitLoop:
         job_id = submission.job_id
         shown = None
         restarts = 0
+        warned_hold = False
+        seen_final: JobInfo | None = None
         failing_since: float | None = None
         while True:
             try:
@@ -506,25 +541,28 @@ class SubmitLoop:
                 log.warning("cannot read job %s (%s); trying again in %.0f s", job_id, err, self.poll)
                 self.sleep(self.poll)
                 continue
-            if info is None:
-                return JobInfo(job_id=int(job_id), state="UNKNOWN", restarts=restarts)
+            if info is None:  # purged from the controller (MinJobAge) between two polls
+                return seen_final or JobInfo(job_id=int(job_id), state="UNKNOWN", restarts=restarts)
             submission.final_state, submission.restarts = info.state, info.restarts
             if info.restarts > restarts:
                 log.info("job %s was requeued (restart %d): following it, not resubmitting", job_id, info.restarts)
                 restarts = info.restarts
+            if info.is_pending and re.search(r"hold|held", info.reason or "", re.I) and not warned_hold:
+                warned_hold = True
+                log.warning("job %s is held (%s): it will not start until someone releases it "
+                            "(scontrol release %s); still following it", job_id, info.reason, job_id)
             line = progress_line(info, progress_view(self._events()), len(self.submissions), self.max_submissions)
             if line != shown:
                 log.info("%s", line)
                 shown = line
             if info.is_finished:
-                # A requeue passes through states that look final on some versions: look again.
-                self.sleep(self.settle)
-                again = self.backend.job_info(job_id)
-                if again is None:
+                # A requeue may pass through states that look final: believe it when seen twice.
+                if seen_final is not None and seen_final.restarts == info.restarts:
                     return info
-                if again.is_finished and again.restarts == info.restarts:
-                    return again
+                seen_final = info
+                self.sleep(self.settle)
                 continue
+            seen_final = None
             self.sleep(self.poll)
 
     def _wait_for_run_end(self, job_id: int, restarts: int) -> dict[str, Any] | None:

@@ -11,7 +11,6 @@ Modes 2 and 3 run on the throwaway two-node cluster (tests/slurm_cluster.py: slu
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 import textwrap
@@ -21,7 +20,7 @@ import pytest
 
 from supervisor.slurm.env import expand_hostlist
 
-from helpers import EXAMPLES, REPO, events_named, read_events, run_supervise, wait_for
+from helpers import EXAMPLES, REPO, events_named, read_events, run_supervise
 
 pytest.importorskip("torch")
 PY = sys.executable
@@ -63,7 +62,7 @@ def test_local_run_completes_with_valid_checkpoints_and_a_manifest_of_the_childs
     assert all(r["ok"] for r in reports) and steps[-1] == 20 and 10 in steps, reports
 
     manifest = run_dir / "supervisor" / "manifest-1.json"
-    assert wait_for(manifest.exists, 30), "manifest-1.json was never written"
+    assert manifest.exists(), "the supervisor exited without writing manifest-1.json"
     data = json.loads(manifest.read_text())
     assert data["software"]["torch"] == torch.__version__  # probed in the child's interpreter
     assert data["attempt"] == 1

@@ -26,6 +26,9 @@ DEVICE=${DEVICE:-cuda}
 OVERHEAD_TRAIN_ARGS=${OVERHEAD_TRAIN_ARGS:---dtype bf16 --dim 1024 --hidden 4096 --layers 8 --batch 16384}
 OVERHEAD_TARGET_SECONDS=${OVERHEAD_TARGET_SECONDS:-20}
 OVERHEAD_ROUNDS=${OVERHEAD_ROUNDS:-5}
+# Steps left out of steps/s: start-up, and the supervisor's one-time provenance collection at attempt
+# start (a subprocess that imports torch); both are in the wall times instead.
+OVERHEAD_WARMUP=${OVERHEAD_WARMUP:-200}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/gpu-proof.XXXXXX)
 START=$(date +%s)
@@ -120,7 +123,7 @@ EOF
   else
     # shellcheck disable=SC2086  # OVERHEAD_TRAIN_ARGS is a list of words
     timeout $remain $PY benchmarks/gpu/overhead.py --device "$DEVICE" --rounds "$OVERHEAD_ROUNDS" \
-      --target-seconds "$OVERHEAD_TARGET_SECONDS" --budget-seconds $(( remain - 40 )) \
+      --target-seconds "$OVERHEAD_TARGET_SECONDS" --budget-seconds $(( remain - 40 )) --warmup "$OVERHEAD_WARMUP" \
       --out "$OUT/overhead.json" -- $OVERHEAD_TRAIN_ARGS
     if [ $? -eq 0 ]; then
       record "overhead: $($PY -c "import json; d=json.load(open('$OUT/overhead.json')); print(f\"bare {d['bare']['median']} vs supervised {d['supervised']['median']} steps/s (n={d['bare']['n']}), overhead {d['overhead_pct']} %\")")"

@@ -9,8 +9,6 @@ is left waiting in a collective.
 
 from __future__ import annotations
 
-import time
-
 from .. import client
 
 
@@ -20,16 +18,11 @@ def resume_ckpt_path(default: str | None = None) -> str | None:
     return client.resume_path() or default
 
 
-def emergency_save_wanted(wait: float = 0.5) -> bool:
-    """On a stop notice: should we save before leaving? The supervisor decides (the save must fit
-    before the deadline). Slurm's SIGTERM reaches the training and the supervisor at the same moment,
-    so its answer (sent within ~0.1 s) gets ``wait`` seconds to arrive. Without a supervisor: save."""
-    if not client.enabled():
-        return True
-    until = time.monotonic() + wait
-    while not client.save_requested() and time.monotonic() < until:
-        time.sleep(0.01)
-    return client.save_requested()
+def emergency_save_wanted() -> bool:
+    """On a stop notice: should we save before leaving? With a supervisor, it decides (the save must
+    fit before the grace deadline; ``client.save_requested()`` waits briefly for that verdict, since
+    Slurm's SIGTERM reaches the training and the supervisor at the same moment). Alone: save."""
+    return client.save_requested() if client.enabled() else True
 
 
 __all__ = ["resume_ckpt_path", "emergency_save_wanted"]

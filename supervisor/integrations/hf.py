@@ -42,9 +42,8 @@ def _any_rank(flag: bool, device: Any) -> bool:
 class SupervisorCallback(TrainerCallback):
     """Connects a ``transformers.Trainer`` to the supervisor (see the module docstring)."""
 
-    def __init__(self, *, own_signals: bool = True, save_wait: float = 0.5) -> None:
+    def __init__(self, *, own_signals: bool = True) -> None:
         self.own_signals = own_signals
-        self.save_wait = save_wait
         self.stopped_on_notice = False
         self.emergency_step: int | None = None
         self._saving: Any = None  # the open client.saving(...) context between decision and on_save
@@ -62,7 +61,7 @@ class SupervisorCallback(TrainerCallback):
         else:
             client.heartbeat(step, loss=self._loss)
         if _any_rank(client.should_stop(), args.device):
-            wanted = emergency_save_wanted(self.save_wait) if state.is_world_process_zero else False
+            wanted = emergency_save_wanted() if state.is_world_process_zero else False
             if _any_rank(wanted, args.device) and not control.should_save:
                 control.should_save = True
                 self.emergency_step = step
@@ -94,5 +93,5 @@ class SupervisorCallback(TrainerCallback):
         if self._saving is not None:  # a save was announced but never happened
             saving, self._saving = self._saving, None
             saving.__exit__(RuntimeError, RuntimeError("save did not happen"), None)
-        if not self.stopped_on_notice and hasattr(client, "done"):
-            client.done()
+        if not self.stopped_on_notice:
+            client.done(int(state.global_step))

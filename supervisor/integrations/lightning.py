@@ -80,18 +80,16 @@ class _CallbackLogic:
     _torch_io_class: type
 
     def __init__(self, dirpath: str | os.PathLike[str] | None = None, *, atomic_saves: bool = True,
-                 own_signals: bool = True, stop_check_every: int = 1, save_wait: float = 0.5) -> None:
+                 own_signals: bool = True, stop_check_every: int = 1) -> None:
         """``dirpath``: where an emergency checkpoint goes [the ModelCheckpoint's dirpath, else
         ``$SUPERVISOR_CHECKPOINT_DIR``, else ``<default_root_dir>/checkpoints``].
         ``stop_check_every``: batches between stop checks; with several ranks each check is one
-        tiny all-reduce (Lightning already does one per batch for its own SIGTERM flag).
-        ``save_wait``: seconds to wait for the supervisor's save decision after a signal."""
+        tiny all-reduce (Lightning already does one per batch for its own SIGTERM flag)."""
         super().__init__()
         self.dirpath = os.fspath(dirpath) if dirpath is not None else None
         self.atomic_saves = atomic_saves
         self.own_signals = own_signals
         self.stop_check_every = max(1, int(stop_check_every))
-        self.save_wait = save_wait
         self.last_saved_step: int | None = None
         self.stopped_on_notice = False
         self.emergency_path: str | None = None
@@ -148,7 +146,7 @@ class _CallbackLogic:
         if not trainer.strategy.reduce_boolean_decision(client.should_stop(), all=False):
             return
         # Every rank is here, at the same batch: a checkpoint now is consistent on all of them.
-        wanted = emergency_save_wanted(self.save_wait) if trainer.is_global_zero else False
+        wanted = emergency_save_wanted() if trainer.is_global_zero else False
         wanted = trainer.strategy.reduce_boolean_decision(wanted, all=False)
         if wanted and self.last_saved_step != step:
             path = os.path.join(self._emergency_dir(trainer), f"epoch={trainer.current_epoch}-step={step}.ckpt")
@@ -167,8 +165,8 @@ class _CallbackLogic:
         client.heartbeat(int(trainer.global_step))  # alive during a long validation
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
-        if not self.stopped_on_notice and hasattr(client, "done"):
-            client.done()  # finished, not stopped: an exit now is completion
+        if not self.stopped_on_notice:
+            client.done(int(trainer.global_step))  # finished, not stopped: the exit now is completion
 
     def _emergency_dir(self, trainer: Any) -> str:
         if self.dirpath:

@@ -153,7 +153,7 @@ def report_blocks(report: Report) -> list[Block]:
     if report.attempts:
         blocks.append(_h("Attempts"))
         blocks.append(_table(
-            ("#", "job", "rc", "node", "start", "duration", "resumed from", "steps", "class", "action",
+            ("#", "job", "requeue", "node", "start", "duration", "resumed from", "steps", "class", "action",
              "lost", "wall lost"),
             [(a.attempt, a.job_id, a.restart_count, _node(a), fmt_ts_short(a.start),
               fmt_duration(a.duration), _resume(a), _steps(a), a.end_class or ("running" if not a.ended else "?"),

@@ -1,0 +1,36 @@
+"""Faults 1-2: kill -9 of a process saving checkpoints in a loop, at random moments of its save
+cycles. Dozens of kills here; hundreds in benchmarks/faults/run_trials.py (docs/reliability.md)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from faults.trials import SaverPool, kill_during_save_trial
+
+pytestmark = pytest.mark.slow
+KILLS = 24
+
+
+def _run(pool: SaverPool, tmp_path: Path, seed: int, mode: str) -> list:
+    rng = random.Random(seed)
+    outcomes = [kill_during_save_trial(pool, tmp_path, i, rng, mode) for i in range(KILLS)]
+    failed = [o.explain() for o in outcomes if not o.ok]
+    assert not failed, f"FAULT_SEED={seed}:\n" + "\n".join(failed)
+    return outcomes
+
+
+def test_kill9_during_atomic_saves_leaves_nothing_torn_and_loses_no_completed_save(
+        saver_pool: SaverPool, tmp_path: Path, fault_seed: int) -> None:
+    outcomes = _run(saver_pool, tmp_path, fault_seed, "atomic")
+    # The kills really landed inside writes (a temp file left behind), not only between saves.
+    assert sum(o.facts["mid_write"] for o in outcomes) >= 2, [o.label for o in outcomes]
+
+
+def test_kill9_during_plain_torch_save_is_quarantined_and_resumed_from_a_valid_step(
+        saver_pool: SaverPool, tmp_path: Path, fault_seed: int) -> None:
+    outcomes = _run(saver_pool, tmp_path, fault_seed, "plain")
+    # Plain torch.save really tore files, and each one was moved aside.
+    assert sum(o.facts["torn_quarantined"] for o in outcomes) >= 2, [o.label for o in outcomes]
