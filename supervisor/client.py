@@ -92,6 +92,12 @@ def _as_number(value: Any) -> float | None:
     """A metric as a JSON number. Tensors and numpy scalars convert through ``float()``."""
     if value.__class__ is float or value.__class__ is int:
         return value
+    detach = getattr(value, "detach", None)  # a tensor that requires grad warns on float()
+    if callable(detach):
+        try:
+            value = detach()
+        except Exception:  # noqa: BLE001 - a metric must never break training
+            return None
     try:
         return float(value)
     except (TypeError, ValueError, RuntimeError):

@@ -38,6 +38,11 @@ class RunPaths:
         """Written on a stop notice; clients on a shared filesystem see it even without the channel."""
         return self.supervisor_dir / "stop.json"
 
+    @property
+    def submissions(self) -> Path:
+        """``supervise submit``'s own ledger: one line per sbatch submission of this run."""
+        return self.supervisor_dir / "submissions.jsonl"
+
     def attempt_log(self, attempt: int) -> Path:
         return self.supervisor_dir / f"attempt-{attempt}.log"
 

@@ -630,10 +630,11 @@ def decide_requeue(
     if job_requeueable is False:
         if policy == "always":
             return RequeueDecision(True, "resubmit", f"{what}; the job is not requeueable (--no-requeue or "
-                                   f"JobRequeue=0), so scontrol requeue would be refused: resubmitting the "
-                                   f"batch script as a new job{excl}", exclude)
-        return no(f"{what}; the job is not requeueable (--no-requeue or JobRequeue=0): not requeueing "
-                  "(preemption.requeue=always resubmits instead); the run exits 75")
+                                   f"JobRequeue=0), so scontrol requeue would be refused: the run exits 75 "
+                                   f"for `supervise submit` to resubmit the batch script as a new job{excl}",
+                                   exclude)
+        return no(f"{what}; the job is not requeueable (--no-requeue or JobRequeue=0): not requeueing; "
+                  "the run exits 75 (run it under `supervise submit` to come back as a new job)")
 
     if preempted:
         # The version fact lives in supervisor.slurm.requeue_policy (shared with the Slurm facade).

@@ -179,6 +179,10 @@ class Runner:
         while True:
             attempt_no += 1
             state = self._start_state(attempt_no)
+            if "gpu" in self.cfg.preflight:
+                failed = self._gpu_preflight(state)
+                if failed is not None:
+                    return failed
             child = self._launch(state)
             exit_ = self._monitor(child, state)
             child.finish()
@@ -202,6 +206,24 @@ class Runner:
             log.info("resume point: %s (step %s)", result.path, result.step)
         return AttemptState(attempt=attempt_no, started_at=time.time(),
                             resume_path=result.path, resume_step=result.step)
+
+    def _gpu_preflight(self, state: AttemptState) -> RunResult | None:
+        """Bit-for-bit repeatability of conv2d/matmul on this node's GPUs, in a subprocess that
+        imports torch with the child's interpreter. A GPU that fails is a hardware fault: requeue
+        away from this node instead of training on it. 'Cannot check' only warns."""
+        from .health import run_check
+        from .manifest import find_child_python
+
+        python, _how = find_child_python(self.argv)
+        verdict = run_check(python=python, environ=self.environ)
+        self._emit(Ev.PREFLIGHT, attempt=state.attempt, check="gpu", **verdict.to_dict())
+        if verdict.ok or not verdict.checkable:
+            if not verdict.ok:
+                log.warning("GPU preflight could not judge this node: %s", verdict.reason)
+            return None
+        log.error("GPU preflight failed on %s: %s", self.slurm.nodename or socket.gethostname(), verdict.reason)
+        state.nodes.add(self.slurm.nodename or socket.gethostname())
+        return self._requeue(state, FailureClass.HARDWARE_FAULT, f"GPU preflight failed: {verdict.reason}")
 
     def _child_env(self, state: AttemptState) -> dict[str, str]:
         assert self.control is not None

@@ -173,8 +173,9 @@ def test_preemption_emergency_save_and_exact_resume(preempt_run: dict[str, Any])
     assert preempt_run["first_code"] == 75, preempt_run["first_err"][-3000:]
     assert preempt_run["stopped"], log_text(run_dir, 2)
     stop_step = int(preempt_run["stopped"].group(1))
-    assert preempt_run["saved"][-1] == str(stop_step)  # saved at the stop (an emergency save unless
-    child_says = re.search(r"resumed from (\S+) at step (\d+)", log_text(run_dir, 3))  # it hit a 10)
+    # The last save of attempt 2 is at the stop step: an emergency save (unless it fell on a 10).
+    assert preempt_run["saved"][-1] == str(stop_step)
+    child_says = re.search(r"resumed from (\S+) at step (\d+)", log_text(run_dir, 3))
     assert child_says and int(child_says.group(2)) == stop_step
     assert child_says.group(1).endswith(f"step={stop_step}.ckpt")
 
@@ -186,7 +187,7 @@ def test_preemption_emergency_save_and_exact_resume(preempt_run: dict[str, Any])
     assert resumed[0]["step"] == stop_step and resumed[0]["ok"] is True
 
     _code, rep = report_json(run_dir)
-    a1, a2, a3 = rep["attempts"]
+    _a1, a2, a3 = rep["attempts"]
     assert [a["class"] for a in rep["attempts"]] == ["native_crash", "preempted", "completed"]
     assert a2["notice"] is True and a2["last_durable_step"] == stop_step and a2["steps_lost"] == 0
     assert a3["resume_step"] == stop_step and a3["last_step"] == 300

@@ -804,7 +804,8 @@ def clock_jump_trial(work_dir: Path, trial: int, direction: str) -> TrialOutcome
         args = ["run", "--run-dir", str(run_dir), "--quiet", "--stall-timeout", "20", *FAST,
                 "--", PY, PLAIN, "--steps", "14", "--step-time", "0.5", "--save-every", "100"]
         proc = start_supervise(args, base / "err", wrapper=wrapper)
-        wait_until(lambda: log1.exists() and "step 4 " in log1.read_text(errors="replace"), 90)
+        wait_until(lambda: log1.exists() and "step 4 " in log1.read_text(errors="replace"), 90, 0.01)
+        time.sleep(0.2)  # mid-step: the supervisor has taken step 4 in; step 5 is 0.3 s away
         offset.write_text("7200")
         try:
             rc = proc.wait(120)
