@@ -128,6 +128,8 @@ class Runner:
         lock = RunLock(self.paths.lock, self.paths.lock_owner)
         lock.acquire(self.environ)
         self._child: Child | None = None
+        self._manifest_threads: list[threading.Thread] = []
+        self._noticed = False
         try:
             self.events = EventLog(self.paths.events)
             self.control = ControlServer(new_token(), environ=self.environ)
@@ -148,6 +150,7 @@ class Runner:
         finally:
             if self._child is not None and self._child.poll() is None:
                 self._child.stop(min(self.cfg.term_timeout, 5.0))
+            self._finish_manifests()
             self.inbox.uninstall()
             if self.control:
                 self._record_dropped()
@@ -263,7 +266,7 @@ class Runner:
         self._child = child
         self._emit(Ev.ATTEMPT_START, attempt=state.attempt, argv=argv, pid=child.pid,
                    host=socket.gethostname(), job_id=self.slurm.job_id,
-                   restart_count=self.slurm.restart_count, nodes=self.slurm.nodelist,
+                   restart_count=self.slurm.restart_count, nodes=list(self.slurm.node_names) or None,
                    resume_path=state.resume_path, resume_step=state.resume_step)
         log.info("attempt %d started (pid %s): %s", state.attempt, child.pid, " ".join(argv))
         self._write_manifest_async(state, argv)
@@ -285,7 +288,18 @@ class Runner:
             except Exception as exc:  # provenance is best effort, never fatal
                 log.debug("manifest for attempt %d failed: %s", state.attempt, exc)
 
-        threading.Thread(target=work, daemon=True, name="manifest").start()
+        thread = threading.Thread(target=work, daemon=True, name="manifest")
+        thread.start()
+        self._manifest_threads.append(thread)
+
+    def _finish_manifests(self) -> None:
+        """Let provenance probes land before exiting: the attempts that die at start (an import
+        error after an upgrade) are the ones whose manifest matters most. Bounded: after a stop
+        notice only a second, since the deadline wins."""
+        budget = 1.0 if self._noticed else 25.0
+        end = time.monotonic() + budget
+        for thread in self._manifest_threads:
+            thread.join(max(end - time.monotonic(), 0.0))
 
     # ------------------------------------------------------------------ monitoring
 
@@ -532,6 +546,7 @@ class Runner:
                                       time_limit_warning=pcfg.time_limit_warning)
         now = time.time()
         state.notice = notice
+        self._noticed = True
         self._emit(Ev.NOTICE, attempt=state.attempt, deadline_source=deadline.source,
                    deadline_past=deadline.past, reason=deadline.reason, **notice.to_event())
         self._write_stop_file(notice, "preemption", state.attempt)

@@ -417,7 +417,7 @@ def test_text_report_is_aligned_and_names_the_first_failure(run_dir: Path) -> No
 def test_markdown_report_has_tables(run_dir: Path) -> None:
     md = render_markdown(build_report(run_dir))
     assert md.startswith("## Run exp1")
-    assert "| # | job | rc | node |" in md
+    assert "| # | job | requeue | node |" in md
     assert "| 1 | 1001 | 0 | n1 |" in md
 
 

@@ -131,6 +131,11 @@ def test_quarantined_torn_checkpoint_is_listed_and_the_run_resumed_from_the_newe
 # (someone raised stall_timeout between the two jobs) and resumes exactly at the emergency save.
 
 
+def latest_step(run_dir: Path, attempt: int) -> int | None:
+    steps = re.findall(r"^step (\d+) loss", log_text(run_dir, attempt), re.M)
+    return int(steps[-1]) if steps else None
+
+
 def status_json(run_dir: Path) -> dict[str, Any]:
     res = run_supervise(["status", "--json", str(run_dir)])
     assert res.returncode == 0, res.stderr[-3000:]
@@ -153,6 +158,10 @@ def preempt_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             return live.get("attempt") == 2 and isinstance(live.get("last_step"), int) and live["last_step"] > 10
 
         wait_for(progressing, 30, interval=0.2)
+        # Signal between two saves (step 10k+3..10k+7): a stop right after a save would rightly be
+        # "stop now, nothing to save", and this scenario is about the emergency save.
+        assert wait_for(lambda: (latest_step(run_dir, 2) or 0) > 10 and 3 <= latest_step(run_dir, 2) % 10 <= 7,
+                        60, interval=0.01), log_text(run_dir, 2)[-2000:]
         proc.send_signal(signal.SIGTERM)  # a stop notice, as Slurm sends at the start of a grace
         _out, err = proc.communicate(timeout=60)
     finally:
@@ -173,14 +182,16 @@ def test_preemption_emergency_save_and_exact_resume(preempt_run: dict[str, Any])
     assert preempt_run["first_code"] == 75, preempt_run["first_err"][-3000:]
     assert preempt_run["stopped"], log_text(run_dir, 2)
     stop_step = int(preempt_run["stopped"].group(1))
-    # The last save of attempt 2 is at the stop step: an emergency save (unless it fell on a 10).
-    assert preempt_run["saved"][-1] == str(stop_step)
+    assert preempt_run["saved"][-1] == str(stop_step)  # saved where it stopped
     child_says = re.search(r"resumed from (\S+) at step (\d+)", log_text(run_dir, 3))
     assert child_says and int(child_says.group(2)) == stop_step
     assert child_says.group(1).endswith(f"step={stop_step}.ckpt")
 
     assert [e["signal"] for e in events_named(run_dir, "notice")] == ["TERM"]
     assert events_named(run_dir, "arbitration")[0]["decision"] == "emergency_save"
+    notice_ts = events_named(run_dir, "notice")[0]["ts"]
+    after = [e for e in events_named(run_dir, "save_end") if e["attempt"] == 2 and e["ts"] > notice_ts]
+    assert [(e["step"], e["ok"]) for e in after] == [(stop_step, True)]
     starts = events_named(run_dir, "attempt_start")
     assert [s["resume_step"] for s in starts] == [None, 10, stop_step]
     resumed = [e for e in events_named(run_dir, "resumed") if e["attempt"] == 3]

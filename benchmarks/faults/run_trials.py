@@ -13,7 +13,6 @@ Exit status: 0 when every trial's outcome was ok, 1 otherwise (the JSON says whi
 from __future__ import annotations
 
 import argparse
-import collections
 import datetime
 import json
 import os
@@ -100,35 +99,10 @@ KINDS: dict[str, Runner] = {
 def _progress(outcome: T.TrialOutcome) -> T.TrialOutcome:
     mark = "ok  " if outcome.ok else "FAIL"
     print(f"{mark} {outcome.kind} #{outcome.trial} {outcome.label} ({outcome.seconds:.1f} s)"
-          + ("" if outcome.ok else f"\n     {'; '.join(outcome.problems)}"), file=sys.stderr, flush=True)
+          + ("" if outcome.ok else f"\n     {'; '.join(outcome.problems)}")
+          + (f"\n     concern: {'; '.join(outcome.concerns)}" if outcome.concerns else ""),
+          file=sys.stderr, flush=True)
     return outcome
-
-
-def summarize(kind: str, outcomes: list[T.TrialOutcome]) -> dict[str, Any]:
-    """The counts docs/reliability.md reports for one kind."""
-    labels = collections.Counter(o.label for o in outcomes)
-    summary: dict[str, Any] = {"kind": kind, "trials": len(outcomes), "ok": sum(o.ok for o in outcomes),
-                               "failed": sum(not o.ok for o in outcomes), "labels": dict(labels.most_common()),
-                               "seconds": round(sum(o.seconds for o in outcomes), 1),
-                               "problems": sorted({p for o in outcomes for p in o.problems})[:20]}
-    facts = [o.facts for o in outcomes]
-    if kind.startswith("kill9"):
-        summary["mid_write_kills"] = sum(bool(f.get("mid_write")) for f in facts)
-        summary["temp_files_left"] = sum(int(f.get("temp_files") or 0) for f in facts)
-        summary["phases"] = dict(collections.Counter(f.get("phase") for f in facts))
-        summary["saves_lost"] = sum(1 for f in facts if f.get("resume_step") is not None
-                                    and f["resume_step"] < f.get("completed_save", 0))
-    if kind == "kill9_plain":
-        summary["torn_quarantined"] = sum(int(f.get("torn_quarantined") or 0) for f in facts)
-        summary["torn_by_name"] = dict(collections.Counter(n for f in facts for n in f.get("torn_names", [])))
-        summary["torn_reasons"] = dict(collections.Counter(r for f in facts for r in f.get("torn_levels", [])))
-    if kind == "preemption":
-        summary["decisions"] = dict(collections.Counter(d for f in facts for d in f.get("arbitration", [])))
-        summary["requeues"] = sum(int(f.get("restarts") or 0) for f in facts)
-        summary["steps_lost"] = [f.get("steps_lost") for f in facts]
-        summary["temp_files_left"] = sum(len(f.get("temp_left") or []) for f in facts)
-        summary["save_aborted"] = sum(int(f.get("save_aborted") or 0) for f in facts)
-    return summary
 
 
 def machine() -> dict[str, Any]:
@@ -167,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in kinds:
         began = time.monotonic()
         outcomes = KINDS[kind](args, work / kind, rng)
-        summary = summarize(kind, outcomes)
+        summary = T.summarize(kind, outcomes)
         summary["wall_s"] = round(time.monotonic() - began, 1)
         report["kinds"][kind] = {"summary": summary, "outcomes": [o.to_dict() for o in outcomes]}
         all_ok &= summary["failed"] == 0

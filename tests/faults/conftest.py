@@ -3,13 +3,32 @@ skip/fail rule for faults this machine cannot stage."""
 
 from __future__ import annotations
 
+import collections
+import json
 import os
 import random
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from faults.trials import SaverPool
+from faults.trials import SaverPool, TrialOutcome, summarize
+
+
+@pytest.fixture(scope="session")
+def fault_outcomes() -> Iterator[list[TrialOutcome]]:
+    """Every trial outcome of the session. With FAULT_REPORT=path, their counts are written there
+    at the end (the CI-sized figures of docs/reliability.md)."""
+    outcomes: list[TrialOutcome] = []
+    yield outcomes
+    target = os.environ.get("FAULT_REPORT", "").strip()
+    if target:
+        by_kind: dict[str, list[TrialOutcome]] = collections.defaultdict(list)
+        for outcome in outcomes:
+            by_kind[outcome.kind].append(outcome)
+        report = {kind: {"summary": summarize(kind, group), "outcomes": [o.to_dict() for o in group]}
+                  for kind, group in by_kind.items()}
+        Path(target).write_text(json.dumps(report, indent=1, default=str))
 
 
 @pytest.fixture(scope="session")

@@ -8,29 +8,30 @@ from pathlib import Path
 
 import pytest
 
-from faults.trials import SaverPool, kill_during_save_trial
+from faults.trials import SaverPool, TrialOutcome, kill_during_save_trial
 
 pytestmark = pytest.mark.slow
 KILLS = 24
 
 
-def _run(pool: SaverPool, tmp_path: Path, seed: int, mode: str) -> list:
+def _run(pool: SaverPool, tmp_path: Path, seed: int, mode: str, record: list[TrialOutcome]) -> list[TrialOutcome]:
     rng = random.Random(seed)
     outcomes = [kill_during_save_trial(pool, tmp_path, i, rng, mode) for i in range(KILLS)]
+    record += outcomes
     failed = [o.explain() for o in outcomes if not o.ok]
     assert not failed, f"FAULT_SEED={seed}:\n" + "\n".join(failed)
     return outcomes
 
 
 def test_kill9_during_atomic_saves_leaves_nothing_torn_and_loses_no_completed_save(
-        saver_pool: SaverPool, tmp_path: Path, fault_seed: int) -> None:
-    outcomes = _run(saver_pool, tmp_path, fault_seed, "atomic")
+        saver_pool: SaverPool, tmp_path: Path, fault_seed: int, fault_outcomes: list) -> None:
+    outcomes = _run(saver_pool, tmp_path, fault_seed, "atomic", fault_outcomes)
     # The kills really landed inside writes (a temp file left behind), not only between saves.
     assert sum(o.facts["mid_write"] for o in outcomes) >= 2, [o.label for o in outcomes]
 
 
 def test_kill9_during_plain_torch_save_is_quarantined_and_resumed_from_a_valid_step(
-        saver_pool: SaverPool, tmp_path: Path, fault_seed: int) -> None:
-    outcomes = _run(saver_pool, tmp_path, fault_seed, "plain")
+        saver_pool: SaverPool, tmp_path: Path, fault_seed: int, fault_outcomes: list) -> None:
+    outcomes = _run(saver_pool, tmp_path, fault_seed, "plain", fault_outcomes)
     # Plain torch.save really tore files, and each one was moved aside.
     assert sum(o.facts["torn_quarantined"] for o in outcomes) >= 2, [o.label for o in outcomes]

@@ -15,6 +15,7 @@ Timings are recorded as facts, never judged.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -103,6 +104,36 @@ class Findings:
 
 class Unavailable(Exception):
     """This machine cannot stage the fault (no mount permission...): the reason says why."""
+
+
+def summarize(kind: str, outcomes: list[T.TrialOutcome]) -> dict[str, Any]:
+    """The counts docs/reliability.md reports for one kind of trial."""
+    labels = collections.Counter(o.label for o in outcomes)
+    summary: dict[str, Any] = {"kind": kind, "trials": len(outcomes), "ok": sum(o.ok for o in outcomes),
+                               "failed": sum(not o.ok for o in outcomes), "labels": dict(labels.most_common()),
+                               "seconds": round(sum(o.seconds for o in outcomes), 1),
+                               "problems": sorted({p for o in outcomes for p in o.problems})[:20],
+                               "with_concerns": sum(bool(o.concerns) for o in outcomes),
+                               "concerns": sorted({c for o in outcomes for c in o.concerns})[:10]}
+    facts = [o.facts for o in outcomes]
+    if kind.startswith("kill9"):
+        summary["mid_write_kills"] = sum(bool(f.get("mid_write")) for f in facts)
+        summary["temp_files_left"] = sum(int(f.get("temp_files") or 0) for f in facts)
+        summary["phases"] = dict(collections.Counter(f.get("phase") for f in facts))
+        summary["saves_lost"] = sum(1 for f in facts if f.get("resume_step") is not None
+                                    and f["resume_step"] < f.get("completed_save", 0))
+    if kind == "kill9_plain":
+        summary["torn_quarantined"] = sum(int(f.get("torn_quarantined") or 0) for f in facts)
+        summary["torn_by_name"] = dict(collections.Counter(n for f in facts for n in f.get("torn_names", [])))
+        summary["torn_reasons"] = dict(collections.Counter(r for f in facts for r in f.get("torn_levels", [])))
+    if kind == "preemption":
+        summary["decisions"] = dict(collections.Counter(d for f in facts for d in f.get("arbitration", [])))
+        summary["requeues"] = sum(int(f.get("restarts") or 0) for f in facts)
+        summary["steps_lost"] = [f.get("steps_lost") for f in facts]
+        summary["temp_files_left"] = sum(len(f.get("temp_left") or []) for f in facts)
+        summary["save_aborted"] = sum(int(f.get("save_aborted") or 0) for f in facts)
+    return summary
+
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -411,6 +442,10 @@ class PreemptParams:
 
 
 PREEMPT_MOMENTS = ("early", "in_save", "after_save", "random")
+# Cluster.sbatch numbers the script files it writes with a counter that two threads can read at
+# once, so one job's script can overwrite the other's (seen: both jobs ran the same run dir).
+# Trials submit their own script files, and every submission from the two trial threads is serialized.
+SBATCH_LOCK = threading.Lock()
 
 
 def preemption_trial(cluster: Any, node: str, job_dir: Path, trial: int, rng: random.Random,
@@ -436,15 +471,19 @@ rc=$?
 echo "SUPERVISE EXIT $rc"
 exit $rc
 """
-    job = cluster.sbatch(script, "-p", "extra", "-N1", "--exclusive", "-w", node, "--requeue",
-                         "--open-mode=append", "-J", f"fault{trial}", "-o", str(out))
+    script_path = job_dir / f"job-{node}-{trial}.sh"
+    script_path.write_text(script)
+    with SBATCH_LOCK:
+        job = cluster.sbatch(script_path, "-p", "extra", "-N1", "--exclusive", "-w", node, "--requeue",
+                             "--open-mode=append", "-J", f"fault{trial}", "-o", str(out))
     log1 = run_dir / "supervisor" / "attempt-1.log"
     saw_step = wait_until(lambda: log1.exists() and "step 1 " in log1.read_text(errors="replace"), 120, 0.05)
     f.expect(saw_step, "the training never started (no 'step 1' in attempt-1.log within 120 s)")
     moment_ok = _wait_for_moment(params, ckpt, log1, rng) if saw_step else False
     preempted_at = time.time()
     phase = "in_save" if checkpoint_files(ckpt)["temp"] else "no_save"
-    preemptor = cluster.preempt(node, seconds=1)
+    with SBATCH_LOCK:
+        preemptor = cluster.preempt(node, seconds=1)
     final = _wait_job_done(cluster, job, params.timeout)
     facts: dict[str, Any] = {"job": job, "node": node, "moment": params.moment, "moment_reached": moment_ok,
                              "save_mb": params.save_mb, "phase_at_sbatch": phase,
