@@ -106,7 +106,7 @@ class Unavailable(Exception):
     """This machine cannot stage the fault (no mount permission...): the reason says why."""
 
 
-def summarize(kind: str, outcomes: list[T.TrialOutcome]) -> dict[str, Any]:
+def summarize(kind: str, outcomes: list[TrialOutcome]) -> dict[str, Any]:
     """The counts docs/reliability.md reports for one kind of trial."""
     labels = collections.Counter(o.label for o in outcomes)
     summary: dict[str, Any] = {"kind": kind, "trials": len(outcomes), "ok": sum(o.ok for o in outcomes),
@@ -122,11 +122,11 @@ def summarize(kind: str, outcomes: list[T.TrialOutcome]) -> dict[str, Any]:
         summary["phases"] = dict(collections.Counter(f.get("phase") for f in facts))
         summary["saves_lost"] = sum(1 for f in facts if f.get("resume_step") is not None
                                     and f["resume_step"] < f.get("completed_save", 0))
-    if kind == "kill9_plain":
+    if "kill9_plain" in kind:
         summary["torn_quarantined"] = sum(int(f.get("torn_quarantined") or 0) for f in facts)
         summary["torn_by_name"] = dict(collections.Counter(n for f in facts for n in f.get("torn_names", [])))
         summary["torn_reasons"] = dict(collections.Counter(r for f in facts for r in f.get("torn_levels", [])))
-    if kind == "preemption":
+    if "preemption" in kind:
         summary["decisions"] = dict(collections.Counter(d for f in facts for d in f.get("arbitration", [])))
         summary["requeues"] = sum(int(f.get("restarts") or 0) for f in facts)
         summary["steps_lost"] = [f.get("steps_lost") for f in facts]
