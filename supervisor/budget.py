@@ -465,3 +465,38 @@ def records_to_json(records: Iterable[AttemptRecord]) -> list[dict[str, Any]]:
             "failure_step": r.failure_step,
         })
     return out
+
+
+@dataclass(frozen=True)
+class DurableHistoryAudit:
+    """Does the chosen resume point agree with the saves the event log says landed?"""
+
+    ok: bool
+    reason: str
+    expected_step: int | None = None
+
+
+def audit_durable_history(saved: Sequence[tuple[int, str]], resume_step: int | None,
+                          resume_path: str | None) -> DurableHistoryAudit:
+    """``saved``: (step, path) of every save that ended ok, from the event log, oldest first.
+
+    A run that saved step S and now finds no valid checkpoint at all would restart from step 0 and
+    look healthy while it silently repeats everything: that is refused. Resuming from an older
+    step than S is allowed (the newest file may have been torn and quarantined), and said.
+    """
+    if not saved:
+        return DurableHistoryAudit(True, "no save recorded yet")
+    newest_step, newest_path = max(saved, key=lambda item: item[0])
+    if resume_step is None and resume_path is None:
+        return DurableHistoryAudit(
+            False,
+            f"the event log records {len(saved)} completed save(s) up to step {newest_step} "
+            f"({newest_path}), but no valid checkpoint is left to resume from: the checkpoint "
+            "directory vanished, was emptied or now points elsewhere; not restarting from scratch",
+            newest_step)
+    if resume_step is not None and resume_step < newest_step:
+        return DurableHistoryAudit(
+            True, f"resuming at step {resume_step}, older than the newest recorded save (step "
+            f"{newest_step}, {newest_path}): that one is gone or was quarantined", newest_step)
+    return DurableHistoryAudit(True, f"resume point at step {resume_step} matches the saves recorded",
+                               newest_step)

@@ -9,6 +9,7 @@ complete, stop, or requeue.
 from __future__ import annotations
 
 import json
+import re
 import logging
 import os
 import signal
@@ -49,6 +50,21 @@ log = logging.getLogger("supervisor.run")
 
 TICK = 0.05  # seconds between monitor passes; signals and exits wake the loop sooner
 WATCH_INTERVAL = 0.25  # checkpoint-directory polls (zero-code save detection)
+
+
+class SupervisorClock:
+    """Epoch seconds that never jump: the wall clock read once, advanced by the monotonic clock.
+
+    Every timeout of the supervisor (stall, backoff, TERM -> KILL, the grace deadline) runs on it,
+    so a clock step on the node (NTP, a VM resumed) neither kills a healthy child as hung nor
+    stretches a 3 s backoff into hours. Slurm's EndTime is compared against it as epoch seconds.
+    """
+
+    def __init__(self) -> None:
+        self._wall0, self._mono0 = time.time(), time.monotonic()
+
+    def __call__(self) -> float:
+        return self._wall0 + (time.monotonic() - self._mono0)
 
 
 @dataclass(frozen=True)
@@ -98,7 +114,8 @@ class Runner:
         self.ckpt_dir = ckpt if ckpt.is_absolute() else self.cwd / ckpt
         self.events: EventLog | None = None
         self.control: ControlServer | None = None
-        self.inbox = SignalInbox(self._handled_signals())
+        self.clock = SupervisorClock()
+        self.inbox = SignalInbox(self._handled_signals(), clock=self.clock)
         self._backend: Any = None
         self._interrupts = 0
         self._notice_signals = {signal_number(s) for s in cfg.preemption.signals}
@@ -182,6 +199,9 @@ class Runner:
         while True:
             attempt_no += 1
             state = self._start_state(attempt_no)
+            missing = self._check_durable_history(state)
+            if missing is not None:
+                return missing
             if "gpu" in self.cfg.preflight:
                 failed = self._gpu_preflight(state)
                 if failed is not None:
@@ -193,8 +213,56 @@ class Runner:
             if result is not None:
                 return result
 
+    def _check_durable_history(self, state: AttemptState) -> RunResult | None:
+        """The event log remembers every save that landed. If it says step S was saved but no valid
+        checkpoint at or near S exists now, the checkpoint directory vanished, was emptied, or
+        points elsewhere: restarting from scratch would silently throw the run away."""
+        from .budget import audit_durable_history
+
+        saved = [e for e in read_events(self.paths.events).events
+                 if e.event == Ev.SAVE_END.value and e.get("ok") and isinstance(e.get("step"), int)]
+        verdict = audit_durable_history([(int(e.get("step")), str(e.get("path"))) for e in saved],
+                                        state.resume_step, state.resume_path)
+        if verdict.ok:
+            return None
+        self._emit(Ev.RESUME_MISMATCH, attempt=state.attempt, expected_step=verdict.expected_step,
+                   got_step=state.resume_step, resume_path=state.resume_path, reason=verdict.reason)
+        log.error("CHECKPOINTS MISSING: %s", verdict.reason)
+        if self.cfg.budget.on_resume_mismatch == "stop":
+            return self._end(RunOutcome.STOPPED, ExitCode.STOPPED, f"resume audit failed: {verdict.reason}",
+                             state)
+        return None
+
+    def _remove_stale_temp_files(self, attempt_no: int) -> None:
+        """Temp files of our atomic writer whose writer is dead (a kill mid-save) would pile up,
+        checkpoint-sized, one per preemption. Only our own pattern, only when the writing pid is gone
+        from this host and the file has not changed for a while (a writer on another node keeps
+        its file fresh)."""
+        removed = []
+        try:
+            candidates = list(self.ckpt_dir.glob(".*.tmp-*-*"))
+        except OSError:
+            return
+        for path in candidates:
+            match = _OUR_TEMP.match(path.name)
+            if not match or path.is_symlink() or not path.is_file():
+                continue
+            try:
+                idle = self.clock() - path.stat().st_mtime
+                if _pid_alive(int(match.group("pid"))) or idle < STALE_TEMP_S:
+                    continue
+                size = path.stat().st_size
+                path.unlink()
+                removed.append({"path": str(path), "bytes": size})
+            except OSError:
+                continue
+        if removed:
+            self._emit(Ev.WARNING, attempt=attempt_no, reason="removed temp files of dead writers",
+                       removed=removed)
+
     def _start_state(self, attempt_no: int) -> AttemptState:
         """Choose the resume point (quarantining torn checkpoints) and open the attempt's state."""
+        self._remove_stale_temp_files(attempt_no)
         result = find_resume_point(self.ckpt_dir, quarantine=self.cfg.quarantine,
                                    quarantine_tag=quarantine_tag(self.environ),
                                    deep_confirm=self.cfg.verify_resume_deep)
@@ -207,7 +275,7 @@ class Runner:
         self._emit(Ev.RESUME_POINT, attempt=attempt_no, **result.event_fields())
         if result.path:
             log.info("resume point: %s (step %s)", result.path, result.step)
-        return AttemptState(attempt=attempt_no, started_at=time.time(),
+        return AttemptState(attempt=attempt_no, started_at=self.clock(),
                             resume_path=result.path, resume_step=result.step)
 
     def _gpu_preflight(self, state: AttemptState) -> RunResult | None:
@@ -309,10 +377,10 @@ class Runner:
         losses = LossTracker(spike_factor=self.cfg.loss_spike_factor)
         watcher = DirWatcher(self.ckpt_dir)
         next_watch = 0.0
-        next_poll = time.time() + self.cfg.preemption.poll_interval
+        next_poll = self.clock() + self.cfg.preemption.poll_interval
         while True:
             exit_ = child.poll()
-            now = time.time()
+            now = self.clock()
             self._drain_lines(child, state, extractor, progress, now)
             self._drain_control(child, state, progress, losses, now)
             if now >= next_watch:
@@ -332,8 +400,8 @@ class Runner:
                                        deadline=state.stop_deadline)
             if exit_ is not None:
                 time.sleep(0.05)  # datagrams sent just before the exit are still in flight
-                self._drain_lines(child, state, extractor, progress, time.time())
-                self._drain_control(child, state, progress, losses, time.time())
+                self._drain_lines(child, state, extractor, progress, self.clock())
+                self._drain_control(child, state, progress, losses, self.clock())
                 return exit_
             self._check_health(child, state, progress, now)
             self._advance_stop(child, state, now)
@@ -380,7 +448,7 @@ class Runner:
         log.error("RESUME AUDIT FAILED: %s", verdict.reason)
         if self.cfg.budget.on_resume_mismatch == "stop":
             state.stopped_reason = f"resume audit failed: {verdict.reason}"
-            self._request_stop(child, state, time.time(), time.time() + self.cfg.term_timeout,
+            self._request_stop(child, state, self.clock(), self.clock() + self.cfg.term_timeout,
                                reason="resume audit failed", graceful=False)
 
     def _drain_control(self, child: Child, state: AttemptState, progress: ProgressTracker,
@@ -465,7 +533,7 @@ class Runner:
         log.warning("loss anomaly at step %d: %s", step, verdict.reason)
         if self.cfg.loss_policy == "stop" and state.stopped_reason is None:
             state.stopped_reason = f"loss anomaly: {verdict.reason}"
-            self._request_stop(child, state, time.time(), time.time() + self.cfg.term_timeout,
+            self._request_stop(child, state, self.clock(), self.clock() + self.cfg.term_timeout,
                                reason="loss anomaly", graceful=True)
 
     def _check_health(self, child: Child, state: AttemptState, progress: ProgressTracker,
@@ -544,7 +612,7 @@ class Runner:
         notice, deadline = notice_for(notice.source, notice.received_at, info, pcfg.default_grace,
                                       signal_name=notice.signal, time_limit_signal=pcfg.time_limit_signal,
                                       time_limit_warning=pcfg.time_limit_warning)
-        now = time.time()
+        now = self.clock()
         state.notice = notice
         self._noticed = True
         self._emit(Ev.NOTICE, attempt=state.attempt, deadline_source=deadline.source,
@@ -582,7 +650,7 @@ class Runner:
             self._request_stop(child, state, now, deadline.at, reason="preemption", graceful=True)
 
     def _write_stop_file(self, notice: Notice, reason: str, attempt: int) -> None:
-        data = {"reason": reason, "deadline": notice.deadline, "signal": notice.signal, "ts": time.time(),
+        data = {"reason": reason, "deadline": notice.deadline, "signal": notice.signal, "ts": self.clock(),
                 "attempt": attempt}
         tmp = self.paths.stop_file.with_suffix(".tmp")
         try:
@@ -663,7 +731,7 @@ class Runner:
         from .budget import judge, ledger_from_events
         from .failures import classify, decide, with_class
 
-        ended = time.time()
+        ended = self.clock()
         if state.notice is None and self.slurm.job_id and exit_.status != 0:
             # In a batch-step layout only the srun step is signalled at grace start: ask Slurm.
             info = self._job_info()
@@ -751,9 +819,9 @@ class Runner:
 
     def _sleep_interruptible(self, seconds: float) -> bool:
         """Back off before a restart; True when a stop notice arrived meanwhile."""
-        end = time.time() + seconds
-        while time.time() < end:
-            self.inbox.wait(min(0.2, max(end - time.time(), 0)))
+        end = self.clock() + seconds
+        while self.clock() < end:
+            self.inbox.wait(min(0.2, max(end - self.clock(), 0)))
             for sig in self.inbox.drain():
                 if sig.signum == signal.SIGINT:
                     raise KeyboardInterrupt
@@ -813,6 +881,20 @@ class Runner:
         dropped = self.control.stats.dropped
         if sum(dropped.values()):
             self._emit(Ev.CONTROL_DROPPED, count=sum(dropped.values()), by_reason=dict(dropped))
+
+
+STALE_TEMP_S = 30.0
+_OUR_TEMP = re.compile(r"^\..+\.tmp-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _remove_our_temp_files(target: Path) -> list[Path]:

@@ -6,7 +6,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,9 @@ def signal_number(name: str) -> int:
 class SignalInbox:
     """Collects the signals the supervisor receives, in order, for the loop to act on."""
 
-    def __init__(self, signums: Iterable[int]) -> None:
+    def __init__(self, signums: Iterable[int], clock: Callable[[], float] = time.time) -> None:
         self._signums = sorted(set(signums))
+        self._clock = clock
         self._pending: list[ReceivedSignal] = []
         self._lock = threading.Lock()
         self._previous: dict[int, object] = {}
@@ -49,7 +50,7 @@ class SignalInbox:
         self._previous.clear()
 
     def _record(self, signum: int, _frame: object) -> None:
-        self._pending.append(ReceivedSignal(signum, time.time()))
+        self._pending.append(ReceivedSignal(signum, self._clock()))
         self.event.set()
 
     def drain(self) -> list[ReceivedSignal]:

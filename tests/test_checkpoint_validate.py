@@ -155,7 +155,10 @@ def test_hostile_pickle_is_never_executed(tmp_path: Path) -> None:
     legacy_file = cf.save_hostile(ckpt / "step=6.ckpt", marker, step=6, legacy=True)
     for path in (zip_file, legacy_file):
         for deep in (False, True):
-            assert validate(path, deep=deep).verdict is Verdict.VALID
+            report = validate(path, deep=deep)
+            # Never run, and never a resume point: a child loading it with weights_only=False would run it.
+            assert report.verdict is Verdict.CORRUPT and "unsafe pickle" in report.reason, report.reason
+            assert "os.system" in report.reason or "posix.system" in report.reason
     for args in (["verify", "--deep", str(zip_file), str(legacy_file)], ["resume-point", str(ckpt), "--deep"]):
         subprocess.run([*cf.SUPERVISE, *args], check=False, capture_output=True, timeout=60)
     assert not marker.exists()

@@ -120,20 +120,21 @@ def test_preempted_mid_save_that_fits_blocks_until_the_save_lands(slurm_cluster,
 def test_preempted_mid_save_that_cannot_fit_is_aborted_and_the_previous_checkpoint_stays(
         slurm_cluster, slurm_job_dir):
     run_dir = slurm_job_dir / "run"
-    child = f"{PY} {CHILDREN / 'slow_saver.py'} --steps 30 --step-time 0.1 --save-every 10 --save-seconds 6"
+    # Saves take 10 s; the grace is 4 s: a save caught in flight cannot finish in time.
+    child = f"{PY} {CHILDREN / 'slow_saver.py'} --steps 30 --step-time 0.1 --save-every 10 --save-seconds 10"
     with slurm_cluster.grace(4):
         job = submit_victim(slurm_cluster, slurm_job_dir, "n1", victim_script(run_dir, child))
         wait_until(lambda: event_seen(run_dir, "save_begin", step=20), 150, "the save of step 20")
         slurm_cluster.preempt("n1")
         wait_until(lambda: event_seen(run_dir, "run_end"), 60, "the supervisor to end")
-        # Right after the abort, before anything else runs: nothing torn, step 10 intact.
+        arbitration = events_named(run_dir, "arbitration")[0]
+        assert arbitration["decision"] == "abort", arbitration["reason"]
+        # Right after the abort, before the requeued job runs: nothing torn, step 10 intact.
         ckpt = run_dir / "checkpoints"
         assert not (ckpt / "step=20.ckpt").exists()
         assert not list(ckpt.glob(".step=20.ckpt.tmp-*")), "the aborted writer's temp file was left behind"
         assert all(r["ok"] for r in verify_all(ckpt))
         final = slurm_cluster.wait_state(job, "COMPLETED", timeout=180, min_restarts=1)
-    arbitration = events_named(run_dir, "arbitration")[0]
-    assert arbitration["decision"] == "abort", arbitration["reason"]
     assert events_named(run_dir, "save_aborted")
     assert final.restarts >= 1
     assert resumed_step_from_child(run_dir, 2) == 10

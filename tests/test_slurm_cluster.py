@@ -65,6 +65,11 @@ sleep 120  # stay until Slurm ends the grace: exiting now would finish the job f
         term_at = float(wait_file(slurm_job_dir / f"term.{job}", timeout=30).read_text())
 
         in_grace = cli.job_info(job)
+        for _ in range(30):  # under load the controller may show the grace EndTime a moment later
+            if in_grace is not None and in_grace.end_time is not None:
+                break
+            time.sleep(0.1)
+            in_grace = cli.job_info(job)
         assert in_grace is not None and in_grace.state == "RUNNING", in_grace
         assert in_grace.in_grace and in_grace.restarts == 0
         assert in_grace.end_time == in_grace.preempt_time + GRACE, in_grace.raw

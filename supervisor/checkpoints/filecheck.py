@@ -26,6 +26,7 @@ from .picklescan import (
     find_value,
     is_tensor,
     scan_pickle,
+    unsafe_globals,
 )
 from .zipcheck import (
     ZipCheckError,
@@ -115,6 +116,8 @@ def check_torch_zip(
         scan = _scan_data_pkl(fd, base, index, pkl, deep)
         if isinstance(scan, Outcome):
             return scan
+        if unsafe := _unsafe(scan):
+            return corrupt(fmt, 3, unsafe)
         problem = _storage_problem(index, scan)
         if problem:
             return corrupt(fmt, 3, problem)
@@ -137,6 +140,15 @@ def check_torch_zip(
         return valid(fmt, 4, f"{summary}; {crc.reason}", embedded_step=step, epoch=epoch, facts=facts)
     except ZipCheckError as exc:
         return corrupt(fmt, exc.level, exc.reason)
+
+
+def _unsafe(*scans: PickleScan) -> str | None:
+    """A reason when the pickle names globals that would run code on load (never a resume point)."""
+    names = unsafe_globals(n for scan in scans for n in scan.globals)
+    if not names:
+        return None
+    return (f"unsafe pickle: loading it would call {', '.join(names[:3])} (code execution); "
+            "not a checkpoint to resume from")
 
 
 def _check_alignment(fd: int, base: int, index: ZipIndex) -> None:
@@ -210,6 +222,8 @@ def check_torch_legacy(handle: Any, size: int, *, max_level: int = 3) -> Outcome
         scans = [scan_pickle(handle) for _ in range(5)]
     except PickleScanError as exc:
         return corrupt(fmt, 2, f"pickle header: {exc}")
+    if unsafe := _unsafe(*scans):
+        return corrupt(fmt, 3, unsafe)
     magic, protocol, sys_info, obj, keys = (s.root for s in scans)
     if magic != 0x1950A86A20F9469CFC6C or protocol != 1001:
         return corrupt(fmt, 2, "legacy torch header damaged (magic or protocol number)")
@@ -341,6 +355,8 @@ def check_plain_pickle(handle: Any, size: int, *, deep: bool) -> Outcome:
             pos += scan.end
     except PickleScanError as exc:
         return corrupt(fmt, 2, str(exc))
+    if first is not None and (unsafe := _unsafe(first)):
+        return corrupt(fmt, 3, unsafe)
     root = first.root if first else None
     return valid(fmt, 3, "pickle stream complete (inert scan; no checksum)",
                  embedded_step=embedded_step(root), epoch=embedded_epoch(root),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import pickletools
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterable, Iterator
 
 # Element sizes of torch's pickled storage types (torch.storage._dtype_to_storage_type_map).
 STORAGE_ITEMSIZE: dict[str, int] = {
@@ -437,3 +437,34 @@ def iter_calls(root: Any, name: str) -> Iterator[Call]:
             todo.extend((node.args, node.state, node.items, node.elements))
         elif isinstance(node, _Key):
             todo.append(node.value)
+
+
+# Globals through which loading a pickle runs code or touches the system. A checkpoint naming one
+# is hostile or broken whatever its structure: it must never become a resume point, because a child
+# that loads with weights_only=False would execute it. (Ordinary checkpoints name torch, numpy,
+# collections, argparse, omegaconf or framework classes: those are left alone.)
+_UNSAFE_MODULES = frozenset({
+    "os", "posix", "nt", "subprocess", "sys", "runpy", "importlib", "pty", "socket", "shutil",
+    "pickle", "_pickle", "marshal", "types", "ctypes", "code", "codeop", "commands", "webbrowser",
+    "pdb", "timeit", "multiprocessing", "asyncio", "signal", "tempfile", "glob", "io", "_io",
+})
+_UNSAFE_BUILTINS = frozenset({
+    "eval", "exec", "compile", "__import__", "open", "getattr", "setattr", "delattr", "globals",
+    "locals", "vars", "input", "breakpoint", "exit", "quit", "help", "memoryview",
+})
+_UNSAFE_QUALIFIED = frozenset({
+    "operator.attrgetter", "operator.methodcaller", "functools.partial", "builtins.apply",
+    "platform.popen", "torch.load", "torch.hub.load", "torch.jit.load", "numpy.load",
+})
+
+
+def unsafe_globals(names: Iterable[str]) -> tuple[str, ...]:
+    """The names in a pickle's GLOBAL/STACK_GLOBAL records that would run code when loaded."""
+    bad = []
+    for name in names:
+        module, _, attr = name.rpartition(".")
+        top = module.split(".", 1)[0]
+        if (top in _UNSAFE_MODULES or name in _UNSAFE_QUALIFIED
+                or (module in ("builtins", "__builtin__") and attr in _UNSAFE_BUILTINS)):
+            bad.append(name)
+    return tuple(sorted(set(bad)))

@@ -49,7 +49,5 @@ def test_vanished_checkpoint_dir_fails_the_attempt_cleanly(vanished) -> None:
     assert vanished.ok, vanished.explain()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (reported to the lead): a vanished checkpoint dir makes the next "
-                   "start train from step 0 with no alarm although events.jsonl records durable saves")
 def test_vanished_checkpoint_dir_is_not_a_silent_fresh_start(vanished) -> None:
     assert not vanished.concerns, vanished.explain()

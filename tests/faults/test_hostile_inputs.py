@@ -25,9 +25,6 @@ def test_a_hostile_checkpoint_pickle_is_never_executed(hostile_pickle) -> None:
     assert hostile_pickle.ok, hostile_pickle.explain()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (reported to the lead): a checkpoint whose pickle calls os.system "
-                   "validates as VALID (L3) and is chosen as the resume point; the child then refuses it "
-                   "(weights_only) and the run stops")
 def test_a_hostile_checkpoint_is_not_valid_and_not_resumed_from(hostile_pickle) -> None:
     assert not hostile_pickle.concerns, hostile_pickle.explain()
 
