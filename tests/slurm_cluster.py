@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import ctypes
 import json
 import os
@@ -83,7 +84,7 @@ class Cluster:
         self.nodes = NODES
         self.env: dict[str, str] = _clean_environ(dict(os.environ))
         self.env["SLURM_CONF"] = str(self.conf_path)
-        self._script_counter = 0
+        self._script_numbers = itertools.count(1)
 
     # ---- state file -------------------------------------------------------------------------
     @property
@@ -245,10 +246,10 @@ class Cluster:
             return script
         if "\n" not in script and Path(script).is_file():
             return Path(script)
-        self._script_counter += 1
+        number = next(self._script_numbers)  # atomic under the GIL: threads never share a file
         scripts = self.base_dir / "scripts"
         scripts.mkdir(exist_ok=True)
-        path = scripts / f"job-{os.getpid()}-{self._script_counter}.sh"
+        path = scripts / f"job-{os.getpid()}-{number}.sh"
         text = script if script.startswith("#!") else "#!/bin/bash\n" + script
         path.write_text(text)
         path.chmod(0o755)
