@@ -56,6 +56,9 @@ class AttemptState:
     slowdown_active: bool = False
     last_progress_event_at: float = 0.0
     next_stop_broadcast: float = 0.0
+    deadline_source: str | None = None  # where the notice's deadline came from
+    refine_until: float = 0.0  # keep asking Slurm for the real deadline until then
+    next_refine: float = 0.0
 
     def observe_step(self, step: int, now: float, source: str) -> bool:
         """Record a step report; client reports win over regex matches once seen.

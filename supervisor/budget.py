@@ -476,24 +476,30 @@ class DurableHistoryAudit:
     expected_step: int | None = None
 
 
-def audit_durable_history(saved: Sequence[tuple[int, str]], resume_step: int | None,
+def audit_durable_history(saved: Sequence[tuple[int, str, bool]], resume_step: int | None,
                           resume_path: str | None) -> DurableHistoryAudit:
-    """``saved``: (step, path) of every save that ended ok, from the event log, oldest first.
+    """``saved``: (step, path, still on disk) of every save into the checkpoint directory that ended
+    ok, from the event log.
 
-    A run that saved step S and now finds no valid checkpoint at all would restart from step 0 and
-    look healthy while it silently repeats everything: that is refused. Resuming from an older
-    step than S is allowed (the newest file may have been torn and quarantined), and said.
+    A run that saved step S and now finds none of its recorded checkpoints and nothing to resume
+    from would restart from step 0 and look healthy while it silently repeats everything: refused.
+    Resuming from an older step than S is allowed (the newest file may have been torn and
+    quarantined), and said. Recorded files that are still there but are not checkpoints the scanner
+    recognises (a custom format) never trigger the refusal.
     """
     if not saved:
         return DurableHistoryAudit(True, "no save recorded yet")
-    newest_step, newest_path = max(saved, key=lambda item: item[0])
+    newest_step, newest_path, _ = max(saved, key=lambda item: item[0])
     if resume_step is None and resume_path is None:
+        if any(present for _, _, present in saved):
+            return DurableHistoryAudit(True, "recorded saves are still on disk (not a recognised checkpoint "
+                                       "format); starting as the training script decides", newest_step)
         return DurableHistoryAudit(
             False,
             f"the event log records {len(saved)} completed save(s) up to step {newest_step} "
-            f"({newest_path}), but no valid checkpoint is left to resume from: the checkpoint "
-            "directory vanished, was emptied or now points elsewhere; not restarting from scratch",
-            newest_step)
+            f"({newest_path}), but none of them is on disk and nothing is left to resume from: the "
+            "checkpoint directory vanished, was emptied or now points elsewhere; not restarting from "
+            "scratch", newest_step)
     if resume_step is not None and resume_step < newest_step:
         return DurableHistoryAudit(
             True, f"resuming at step {resume_step}, older than the newest recorded save (step "

@@ -50,6 +50,8 @@ log = logging.getLogger("supervisor.run")
 
 TICK = 0.05  # seconds between monitor passes; signals and exits wake the loop sooner
 WATCH_INTERVAL = 0.25  # checkpoint-directory polls (zero-code save detection)
+REFINE_INTERVAL = 0.3  # after a notice without a readable Slurm deadline: ask again this often ...
+REFINE_WINDOW = 10.0  # ... for this long
 
 
 class SupervisorClock:
@@ -221,8 +223,12 @@ class Runner:
 
         saved = [e for e in read_events(self.paths.events).events
                  if e.event == Ev.SAVE_END.value and e.get("ok") and isinstance(e.get("step"), int)]
-        verdict = audit_durable_history([(int(e.get("step")), str(e.get("path"))) for e in saved],
-                                        state.resume_step, state.resume_path)
+        inside = []
+        for e in saved:
+            path = Path(str(e.get("path")))
+            if path.parent.resolve() == self.ckpt_dir.resolve():  # saves into the watched directory
+                inside.append((int(e.get("step")), str(path), os.path.lexists(path)))
+        verdict = audit_durable_history(inside, state.resume_step, state.resume_path)
         if verdict.ok:
             return None
         self._emit(Ev.RESUME_MISMATCH, attempt=state.attempt, expected_step=verdict.expected_step,
@@ -392,6 +398,10 @@ class Runner:
                     and now >= next_poll):
                 next_poll = now + self.cfg.preemption.poll_interval
                 self._poll_preemption(child, state, now, progress)
+            if (state.notice is not None and state.deadline_source == "default_grace" and self.slurm.job_id
+                    and exit_ is None and state.next_refine <= now < state.refine_until):
+                state.next_refine = now + REFINE_INTERVAL
+                self._refine_deadline(state, now)
             if state.stop_requested_at is not None and exit_ is None and now >= state.next_stop_broadcast:
                 # UDP may drop a datagram: repeat the stop until the child is gone.
                 state.next_stop_broadcast = now + 0.5
@@ -614,6 +624,8 @@ class Runner:
                                       time_limit_warning=pcfg.time_limit_warning)
         now = self.clock()
         state.notice = notice
+        state.deadline_source = deadline.source
+        state.refine_until, state.next_refine = now + REFINE_WINDOW, now + REFINE_INTERVAL
         self._noticed = True
         self._emit(Ev.NOTICE, attempt=state.attempt, deadline_source=deadline.source,
                    deadline_past=deadline.past, reason=deadline.reason, **notice.to_event())
@@ -648,6 +660,34 @@ class Runner:
             state.emergency_save_until = usable
         else:
             self._request_stop(child, state, now, deadline.at, reason="preemption", graceful=True)
+
+    def _refine_deadline(self, state: AttemptState, now: float) -> None:
+        """Slurm may signal the step a moment before its job record shows PreemptTime/EndTime: a
+        notice first planned with the default grace is re-planned once the real deadline is
+        readable. Only ever earlier: the block, emergency save and kill times move up with it."""
+        info = self._job_info()
+        if info is None or not getattr(info, "preempt_time", None) or state.notice is None:
+            return
+        pcfg = self.cfg.preemption
+        notice, deadline = notice_for(state.notice.source, state.notice.received_at, info,
+                                      pcfg.default_grace, signal_name=state.notice.signal,
+                                      time_limit_signal=pcfg.time_limit_signal,
+                                      time_limit_warning=pcfg.time_limit_warning)
+        state.deadline_source = deadline.source
+        if state.notice.deadline is not None and deadline.at >= state.notice.deadline:
+            return
+        state.notice = notice
+        usable = deadline.at - pcfg.margin
+        if state.blocking_until is not None:
+            state.blocking_until = usable
+        if state.emergency_save_until is not None:
+            state.emergency_save_until = min(state.emergency_save_until, usable)
+        if state.stop_deadline is not None:
+            state.stop_deadline = min(state.stop_deadline, deadline.at)
+        state.next_stop_broadcast = now  # tell the clients the new deadline at once
+        self._emit(Ev.NOTICE, attempt=state.attempt, refined=True, deadline_source=deadline.source,
+                   reason=deadline.reason, **notice.to_event())
+        log.warning("deadline refined from Slurm: %s", deadline.reason)
 
     def _write_stop_file(self, notice: Notice, reason: str, attempt: int) -> None:
         data = {"reason": reason, "deadline": notice.deadline, "signal": notice.signal, "ts": self.clock(),

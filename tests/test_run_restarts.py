@@ -97,7 +97,9 @@ def test_a_child_that_ignores_its_resume_point_is_caught(tmp_path: Path) -> None
                            env={"FAULT_RESTART_FROM_ZERO": "1", "FAULT_ATTEMPT": "2"})
     assert second.returncode == 4, second.stderr[-2000:]
     mismatch = events_named(run_dir, "resume_mismatch")[0]
-    assert mismatch["expected_step"] == 30 and mismatch["got_step"] == 0
+    # The child reports resumed(0) through the client and prints "step 1" a moment later: whichever
+    # the supervisor reads first, it is far from the resume point.
+    assert mismatch["expected_step"] == 30 and mismatch["got_step"] in (0, 1)
     assert "resume audit failed" in events_named(run_dir, "run_end")[-1]["reason"]
     assert "RESUME AUDIT FAILED" in second.stderr
 
