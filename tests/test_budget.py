@@ -306,3 +306,17 @@ def test_cli_audit_not_a_run_dir(tmp_path):
     _write_run(tmp_path, attempt(1, 0, steps=(1,)))
     result = CliRunner().invoke(main, ["audit", str(tmp_path), "--config", str(bad)])
     assert result.exit_code == 2 and "malformed YAML" in result.output
+
+
+def test_durable_history_refuses_a_fresh_start_when_every_recorded_checkpoint_is_gone() -> None:
+    from supervisor.budget import audit_durable_history
+
+    gone = [(10, "/c/step=10.ckpt", False), (20, "/c/step=20.ckpt", False)]
+    verdict = audit_durable_history(gone, None, None)
+    assert not verdict.ok and verdict.expected_step == 20 and "not restarting from scratch" in verdict.reason
+    # A recorded save still on disk in a format the scanner does not know: the script decides.
+    assert audit_durable_history([(10, "/c/model.custom", True)], None, None).ok
+    # An older resume point (the newest was torn and quarantined) is allowed, and said.
+    older = audit_durable_history(gone, 10, "/c/step=10.ckpt")
+    assert older.ok and "older than the newest recorded save" in older.reason
+    assert audit_durable_history([], None, None).ok
