@@ -333,6 +333,8 @@ class _Client:
             self._flush_heartbeat(_monotonic())
 
     def _at_exit(self) -> None:
+        # At interpreter exit a gone supervisor is expected (it may have stopped us): no warning.
+        self._warned = True
         try:
             self.flush()
         except Exception:  # noqa: BLE001 - never fail an interpreter exit
