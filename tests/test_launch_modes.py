@@ -202,3 +202,30 @@ def test_segfault_of_one_task_is_the_first_failure_even_after_srun_kills_the_oth
     assert [d["action"] for d in events_named(run_dir, "decision")] == ["restart"]
     assert [e["outcome"] for e in events_named(run_dir, "run_end")] == ["complete"]
     assert len([e for e in read_events(run_dir) if e["event"] == "attempt_start"]) == 2
+
+
+def test_budgets_and_the_resume_audit_hold_inside_a_slurm_job(slurm_cluster, slurm_job_dir: Path) -> None:
+    """Issue 4 under real Slurm: a crash loop is stopped by its budget, and a child that ignores
+    its resume point is caught, with `srun supervise run` inside a job (not only locally)."""
+    loop_dir, audit_dir = slurm_job_dir / "loop", slurm_job_dir / "audit"
+    sup = supervise_exe()
+    fast = "--set policy.native_crash.backoff=0.1 --set policy.native_crash.retries=10"
+    script = job_preamble() + textwrap.dedent(f"""\
+        FAULT_SEGFAULT_AT=12 FAULT_ATTEMPT=all srun --cpus-per-task=1 {sup} run --run-dir {loop_dir} {fast} \\
+            --set budget.same_failure_limit=2 -- {PY} {PLAIN} --steps 40
+        echo "LOOP EXIT $?"
+        srun --cpus-per-task=1 {sup} run --run-dir {audit_dir} -- {PY} {PLAIN} --steps 20
+        echo "FIRST EXIT $?"
+        FAULT_RESTART_FROM_ZERO=1 FAULT_ATTEMPT=2 srun --cpus-per-task=1 {sup} run --run-dir {audit_dir} \\
+            -- {PY} {PLAIN} --steps 40
+        echo "AUDIT EXIT $?"
+        """)
+    result = slurm_cluster.run_job(script, "-p", "extra", "-N1", "-w", "n2", "-o",
+                                   f"{slurm_job_dir}/budget-%j.out", timeout=240)
+    out = result.output
+    assert "LOOP EXIT 4" in out and "FIRST EXIT 0" in out and "AUDIT EXIT 4" in out, out[-4000:]
+    loop_end = events_named(loop_dir, "run_end")[-1]
+    assert loop_end["outcome"] == "stopped" and "same_failure_limit" in loop_end["reason"]
+    assert all(str(s["job_id"]) == str(result.job_id) for s in events_named(loop_dir, "attempt_start"))
+    mismatch = events_named(audit_dir, "resume_mismatch")[0]
+    assert mismatch["expected_step"] == 20 and mismatch["got_step"] in (0, 1)
