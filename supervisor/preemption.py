@@ -459,8 +459,8 @@ def arbitrate(
         elif est.seconds <= budget:
             decision, tail = SaveDecision.BLOCK, "-> block: let it finish, then stop"
         elif est.guess:
-            decision, tail = SaveDecision.BLOCK, (f"-> block: no history to say it cannot finish; abort at "
-                                                  f"deadline - margin if it is still running")
+            decision, tail = SaveDecision.BLOCK, ("-> block: no history to say it cannot finish; abort at "
+                                                  "deadline - margin if it is still running")
         else:
             decision, tail = SaveDecision.ABORT, f"it cannot finish in {budget:.1f} s -> abort ({abort_how})"
         return Arbitration(decision, f"{head} {tail}", expected_s=est.seconds, basis=est.basis,

@@ -601,13 +601,17 @@ class Runner:
             self._on_notice(child, state, Notice(source="poll", signal=None, received_at=now,
                                                  deadline=None, preempt_time=None, grace=None), progress)
 
+    def _slurm(self) -> Any:
+        """The Slurm backend, created on first use (a local run never needs one)."""
+        if self._backend is None:
+            self._backend = get_backend()
+        return self._backend
+
     def _job_info(self) -> Any:
         if not self.slurm.job_id:
             return None
         try:
-            if self._backend is None:
-                self._backend = get_backend()
-            return self._backend.job_info(self.slurm.job_id)
+            return self._slurm().job_info(self.slurm.job_id)
         except Exception as exc:  # Slurm unreachable: plan with the default grace
             log.warning("cannot read the Slurm job record: %s", exc)
             return None
@@ -875,9 +879,7 @@ class Runner:
         version = None
         if self.slurm.job_id:
             try:
-                if self._backend is None:
-                    self._backend = get_backend()
-                version = self._backend.version()
+                version = self._slurm().version()
             except Exception:
                 version = None
         policy = self.cfg.policy_for(cls)

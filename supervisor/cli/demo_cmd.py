@@ -19,10 +19,12 @@ from .common import handle_errors
 def demo(run_dir: Path | None, steps: int) -> None:
     """Run a tiny CPU training under the supervisor with a real segfault and a preemption, then
     show the report: restart, emergency save, requeue, quarantine of a torn last.ckpt, resume."""
-    try:
-        import torch  # noqa: F401  (the demo's training child needs it; checked here for a clear error)
-    except ImportError:
-        raise UsageError("the demo trains with PyTorch: pip install 'slurm-supervisor[torch]'") from None
+    import importlib.util
+
+    # The demo's training child needs torch; look for it without importing it here (slow, and the
+    # supervisor side never imports torch).
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError("the demo trains with PyTorch: pip install 'slurm-supervisor[torch]'")
     from ..demo.orchestrate import run_demo
 
     run_dir = (run_dir or Path("runs") / time.strftime("demo-%Y%m%d-%H%M%S")).resolve()
