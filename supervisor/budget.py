@@ -128,7 +128,7 @@ def _signal(value: Any) -> int | None:
     if number is not None:
         return abs(number)
     if isinstance(value, str) and value:
-        from .failures import parse_signal
+        from .signals import parse_signal
 
         try:
             return parse_signal(value)

@@ -23,46 +23,11 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import ConfigError
-from .states import Action, FailureClass
+from .policy import DEFAULT_POLICY, ClassPolicy, policy_for
+from .states import FailureClass
 
 ENV_PREFIX = "SUPERVISE_"
 _SIGNAL_NAMES = {"TERM", "INT", "USR1", "USR2", "HUP", "QUIT", "CONT", "ALRM", "URG", "XCPU"}
-
-
-@dataclass(frozen=True)
-class ClassPolicy:
-    """What to do after one failure class: the action, how often in a row, and the backoff."""
-
-    action: Action = Action.STOP
-    retries: int = 3  # consecutive restarts of this class before the run stops
-    backoff: float = 2.0  # first delay before a restart, seconds; doubles each time
-    backoff_max: float = 60.0
-    exclude_node: bool = False  # on requeue, keep away from the node where it happened
-
-
-def _p(action: Action, retries: int = 3, exclude_node: bool = False) -> ClassPolicy:
-    return ClassPolicy(action=action, retries=retries, exclude_node=exclude_node)
-
-
-DEFAULT_POLICY: dict[FailureClass, ClassPolicy] = {
-    FailureClass.NATIVE_CRASH: _p(Action.RESTART),
-    FailureClass.ILLEGAL_MEMORY_ACCESS: _p(Action.RESTART),
-    FailureClass.CUDA_LAUNCH_FAILURE: _p(Action.RESTART),
-    FailureClass.NCCL_ERROR: _p(Action.RESTART),
-    FailureClass.HANG: _p(Action.RESTART, 2),
-    FailureClass.HARDWARE_FAULT: _p(Action.REQUEUE, 2, exclude_node=True),
-    FailureClass.SHM_EXHAUSTED: _p(Action.REQUEUE, 2, exclude_node=True),
-    FailureClass.NODE_FAILURE: _p(Action.REQUEUE, 2, exclude_node=True),
-    FailureClass.DEVICE_ASSERT: _p(Action.STOP, 0),
-    FailureClass.CUDA_OOM: _p(Action.STOP, 0),
-    FailureClass.HOST_OOM: _p(Action.STOP, 0),
-    FailureClass.PYTHON_EXCEPTION: _p(Action.STOP, 0),
-    FailureClass.PREEMPTED: _p(Action.REQUEUE, 1000),
-    FailureClass.TIME_LIMIT: _p(Action.REQUEUE, 1000),
-    FailureClass.CANCELLED: _p(Action.STOP, 0),
-    FailureClass.KILLED: _p(Action.RESTART, 1),
-    FailureClass.UNKNOWN: _p(Action.RESTART, 1),
-}
 
 
 @dataclass(frozen=True)
@@ -130,7 +95,7 @@ class SupervisorConfig:
         return hashlib.sha256(canon.encode()).hexdigest()
 
     def policy_for(self, cls: FailureClass) -> ClassPolicy:
-        return self.policy.get(cls, DEFAULT_POLICY.get(cls, ClassPolicy()))
+        return policy_for(cls, self.policy)
 
 
 # ---------------------------------------------------------------------------------------------

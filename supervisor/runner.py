@@ -773,7 +773,8 @@ class Runner:
 
     def _after_attempt(self, child: Child, exit_: ChildExit, state: AttemptState) -> RunResult | None:
         from .budget import judge, ledger_from_events
-        from .failures import classify, decide, with_class
+        from .failures import classify, with_class
+        from .policy import decide
 
         ended = self.clock()
         if state.notice is None and self.slurm.job_id and exit_.status != 0:

@@ -19,6 +19,35 @@ class ReceivedSignal:
         return signal.Signals(self.signum).name
 
 
+def signal_name(signum: int) -> str:
+    """``SIGSEGV`` for 11; ``signal 99`` for a number that names no signal here."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def parse_signal(text: str | int) -> int:
+    """``SEGV``, ``SIGSEGV``, ``sigsegv`` or ``11`` to 11; ValueError names what is allowed."""
+    if isinstance(text, int):
+        value = text
+    else:
+        raw = text.strip()
+        if raw.lstrip("-").isascii() and raw.lstrip("-").isdigit() and len(raw) <= 4:
+            value = abs(int(raw))
+        else:
+            name = raw.upper()
+            name = name if name.startswith("SIG") else "SIG" + name
+            try:
+                value = int(signal.Signals[name])
+            except KeyError:
+                raise ValueError(f"unknown signal {text!r}; use a name like SEGV or SIGSEGV, or a number like 11") \
+                    from None
+    if not 1 <= value <= 64:
+        raise ValueError(f"signal number {value} is out of range (1-64)")
+    return value
+
+
 def signal_number(name: str) -> int:
     """'TERM', 'SIGTERM' or '15' to a signal number."""
     text = name.strip().upper()

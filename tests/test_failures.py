@@ -1,4 +1,4 @@
-"""Failure classification (supervisor.failures.classify) and restart decisions (decide).
+"""Failure classification (supervisor.failures.classify) and restart decisions (supervisor.policy.decide).
 
 The log fixtures under tests/data/logs/ are modelled on the formats of real public reports (PyTorch,
 NCCL, torchrun/torchelastic, Slurm, DataLoader, faulthandler, glibc, UCX): multi-rank interleaving,
@@ -20,8 +20,9 @@ import pytest
 from supervisor.budget import AttemptRecord
 from supervisor.config import DEFAULT_POLICY, ClassPolicy
 from supervisor.failures import (
-    DEFAULT_PATTERNS, Failure, classify, decide, parse_signal, signal_class, with_class,
+    DEFAULT_PATTERNS, Failure, classify, parse_signal, signal_class, with_class,
 )
+from supervisor.policy import decide
 from supervisor.states import Action, FailureClass as FC
 
 LOGS = Path(__file__).parent / "data" / "logs"

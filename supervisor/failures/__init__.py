@@ -1,0 +1,51 @@
+"""Classify how an attempt ended, from its exit status and the tail of its output.
+Pure: text and numbers in, frozen dataclasses with a ``reason`` out.
+
+The class comes from the **first** failure in the output, not the last: a watchdog abort after an
+illegal memory access is an illegal memory access; ``task 0: Terminated`` after ``task 1:
+Segmentation fault`` is a segfault; and a CUDA error in PyTorch is a Python exception with exit
+status 1, so the text decides, never the exit code alone.
+
+How the first failure is found (the table :data:`DEFAULT_PATTERNS` holds the evidence):
+
+* Every pattern has a *priority*. ``VERDICT`` (0): the scheduler or the kernel says how the job
+  ended (preemption, time limit, node failure, OOM kill, a person's scancel); it wins wherever it
+  appears, because the allocation is gone whatever the training printed while it was being taken.
+  ``CAUSE`` (1): a root cause (a CUDA error, a segfault, a Python exception). ``CONSEQUENCE`` (2):
+  what a failure elsewhere leads to (NCCL watchdog timeouts, a peer's lost connection, torchrun's
+  ``ChildFailedError`` summary). ``ECHO`` (3): a bare report that something died (``Terminated``,
+  ``Killed``, ``Exited with exit code 1``). The lowest priority present decides; within it, the
+  first line in the output wins.
+* A *generic* pattern names only a signal or an abort (``terminate called after throwing``,
+  ``Segmentation fault``, ``NCCL error``). A specific cause on the next lines of the same stream
+  refines it (``what():  CUDA error: an illegal memory access``), and a generic line that comes
+  after any cause or consequence is that failure's echo, not a new failure.
+* A few causes *override* others wherever they appear: a device-side assert beats the illegal memory
+  access it provokes; a full ``/dev/shm`` beats the bus error it raises; a GPU hardware fault (ECC,
+  Xid, fallen off the bus) beats the CUDA and NCCL errors it causes.
+* A Python traceback counts by its final exception line: the root cause of a chain is printed
+  first. A traceback after which training went on (later step reports) was not fatal and is ignored.
+* With no evidence in the text, the exit status decides (signal N, or 128+N when plausible).
+
+Output is read line by line, with ``\\r`` progress-bar redraws split, ANSI colours removed, and
+``srun --label`` / ``[rank3]:`` / ``[default0]:`` / ``mpirun --tag-output`` prefixes taken off (they
+name the rank). The step is the last *global* step reported before the first error, read with the
+shared patterns of :mod:`supervisor.progress` (a per-epoch progress bar is progress, not a step: None
+rather than a wrong number). Work is linear in the input: each pattern carries literal ``needles``,
+one ``str.find`` sweep per needle picks the few lines worth a regex; lines over 64 KiB are cut.
+
+Modules: :mod:`.patterns` (the evidence table and signal classes), :mod:`.scan` (reading the text,
+choosing the first failure), :mod:`.classify` (the result). What to do about a failure is
+:mod:`supervisor.policy`.
+"""
+
+from __future__ import annotations
+
+from ..signals import parse_signal, signal_name
+from .classify import Failure, classify, with_class
+from .patterns import CAUSE, CONSEQUENCE, DEFAULT_PATTERNS, ECHO, VERDICT, FailurePattern, signal_class
+
+__all__ = [
+    "CAUSE", "CONSEQUENCE", "DEFAULT_PATTERNS", "ECHO", "Failure", "FailurePattern", "VERDICT", "classify",
+    "parse_signal", "signal_class", "signal_name", "with_class",
+]

@@ -1,0 +1,120 @@
+"""``classify``: how an attempt ended, from its exit status and the end of its output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
+
+from ..policy import ClassPolicy, action_for
+from ..progress import StepExtractor
+from ..signals import signal_name
+from ..states import Action, FailureClass
+from .patterns import (
+    CONTEXT_AFTER, CONTEXT_BEFORE, DEFAULT_PATTERNS, ECHO, FC, MAX_INPUT_CHARS, VERDICT, _PRIORITY_NAMES,
+    FailurePattern, _signal_from_status, signal_class,
+)
+from .scan import (
+    _DEFAULT_UNION, _Match, _Steps, _choose, _clean, _locate, _needle_union, _scan, _split_lines, _status_text,
+)
+
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How an attempt ended: the class of its first failure, the policy's action, and the evidence."""
+
+    cls: FailureClass
+    action: Action
+    evidence: tuple[str, ...] = ()  # the decisive line(s), cleaned
+    context: tuple[str, ...] = ()  # a few lines around the first error
+    step: int | None = None  # the last global step reported before the first error
+    node: str | None = None
+    rank: int | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str = ""
+
+
+
+def classify(
+    exit_code: int | None,
+    signal: int | None,
+    output_tail: str,
+    *,
+    policy: Mapping[FailureClass, ClassPolicy] | None = None,
+    step_regex: str | None = None,
+    patterns: Sequence[FailurePattern] | None = None,
+) -> Failure:
+    """Classify an ended attempt from how it ended and the end of its output.
+
+    ``exit_code``/``signal``: the child's status (``signal`` set when it died of one; ``exit_code`` may
+    be None then, or unknown altogether). ``step_regex``: the user's step pattern (default: the
+    shared patterns of :mod:`supervisor.progress`). ``patterns``: a replacement evidence table.
+    Exit 0 is ``completed`` unless the scheduler's own message says the job was taken away.
+    """
+    if signal is None and exit_code is not None and exit_code < 0:  # subprocess's returncode -N
+        exit_code, signal = None, -exit_code
+    table = tuple(patterns) if patterns is not None else DEFAULT_PATTERNS
+    union = _DEFAULT_UNION if patterns is None else _needle_union(table)
+    text = output_tail or ""
+    if len(text) > MAX_INPUT_CHARS:
+        text = text[-MAX_INPUT_CHARS:]
+    lines = _split_lines(text)
+    extractor = StepExtractor(step_regex)
+    matches = _scan(lines, table, union)
+    steps = _Steps(lines, extractor)
+    chosen, others = _choose(matches, lines, steps)
+    sig, inferred = _signal_from_status(exit_code, signal)
+    status = _status_text(exit_code, None if inferred else sig)
+
+    def from_text(cls: FailureClass, reason: str, m: _Match) -> Failure:
+        node, rank = _locate(m, lines)
+        where = ", ".join(x for x in (f"node {node}" if node else "", f"rank {rank}" if rank is not None else "")
+                          if x)
+        lo = max(m.line - CONTEXT_BEFORE, 0)
+        return Failure(cls, action_for(cls, policy),
+                       evidence=tuple(_clean(lines[i].text) for i in sorted({m.line, *m.extra})),
+                       context=tuple(_clean(ln.raw) for ln in lines[lo:m.line + CONTEXT_AFTER + 1]),
+                       step=steps.before(m.start), node=node, rank=rank, exit_code=exit_code, signal=signal,
+                       reason=reason.replace("{where}", f" ({where})" if where else ""))
+
+    def from_status(cls: FailureClass, reason: str) -> Failure:
+        evidence: tuple[str, ...] = ()
+        if sig is not None and cls != FC.COMPLETED:
+            evidence = (_status_text(None, sig) + (f" (exit status {exit_code})" if inferred else ""),)
+        return Failure(cls, action_for(cls, policy), evidence=evidence,
+                       step=steps.before(len(lines) - 1) if lines else None, exit_code=exit_code, signal=signal,
+                       reason=reason)
+
+    if exit_code == 0 and signal is None:
+        if chosen is not None and chosen.priority == VERDICT and chosen.cls != FC.HOST_OOM:
+            return from_text(chosen.cls, f"exit status 0, but {chosen.label}{{where}}: the allocation was taken away",
+                             chosen)
+        return from_status(FC.COMPLETED, "exit status 0: training finished")
+
+    if chosen is not None and chosen.priority == ECHO and sig is not None and signal_class(sig) == FC.NATIVE_CRASH:
+        # "Terminated" echoes next to a child that itself died of a fault: the fault is the cause.
+        return from_status(FC.NATIVE_CRASH, f"{status}: {signal_name(sig)} is the cause; the output holds only "
+                                            f"echoes ({chosen.label})")
+
+    if chosen is not None:
+        reason = f"first failure{{where}}: {chosen.label} ({_PRIORITY_NAMES[chosen.priority]}, line {chosen.line + 1})"
+        also = sorted({o.cls.value for o in others if o.cls != chosen.cls})
+        if also:
+            reason += f"; also seen, taken as consequences: {', '.join(also)}"
+        return from_text(chosen.cls, reason + f"; {status}", chosen)
+
+    if sig is not None:
+        how = f"exit status {exit_code} = 128+{sig} ({signal_name(sig)})" if inferred else status
+        return from_status(signal_class(sig), f"{how} and no failure evidence in the output")
+    if exit_code is None:
+        return from_status(FC.UNKNOWN, "no exit status and no failure evidence in the output")
+    return from_status(FC.UNKNOWN, f"exit status {exit_code} and no failure evidence in the output")
+
+
+def with_class(failure: Failure, cls: FailureClass, reason: str,
+               policy: Mapping[FailureClass, ClassPolicy] | None = None) -> Failure:
+    """The same failure with a class the supervisor knows better (a stall it detected, a notice it got)."""
+    return replace(failure, cls=cls, action=action_for(cls, policy), reason=reason)
+
+
