@@ -17,9 +17,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Mapping, Sequence
+from typing import BinaryIO
 
 # Set PDEATHSIG=SIGKILL, make sure the supervisor did not die before that, then become the command.
 _SHIM = r"""
@@ -105,8 +106,67 @@ class OutputTail:
 @dataclass
 class LineStats:
     queued: int = 0
-    dropped: int = 0  # lines not queued because the main loop fell behind (still logged)
+    dropped: int = 0  # oldest lines evicted because the main loop fell behind (still logged)
     cut: int = 0  # lines longer than max_line_bytes (cut for analysis, kept whole in the log)
+
+
+Line = tuple[float, str, str]  # (epoch seconds read, "stdout" | "stderr", text)
+
+
+class LineQueue:
+    """The bounded hand-over of output lines from the reader threads to the run loop.
+
+    When the loop falls behind (a burst of 60,000 ``step N`` lines in a second) the OLDEST lines
+    are dropped, never the newest: the loop must always see the latest step, and an old line is
+    worth less than a new one. Every line still reaches the console and the attempt log unchanged;
+    only the analysis skips. ``dropped`` counts what was evicted.
+    """
+
+    def __init__(self, maxlen: int) -> None:
+        if maxlen < 1:
+            raise ValueError("LineQueue needs room for at least one line")
+        self._items: collections.deque[Line] = collections.deque(maxlen=maxlen)
+        self._lock = threading.Lock()
+        self.maxlen = maxlen
+        self.queued = 0
+        self.dropped = 0
+
+    def put(self, item: Line) -> bool:
+        """Append ``item``; returns True when the oldest line was evicted to make room."""
+        with self._lock:
+            evicted = len(self._items) == self.maxlen
+            if evicted:
+                self.dropped += 1
+            self.queued += 1
+            self._items.append(item)  # a full deque with maxlen drops from the left
+        return evicted
+
+    def put_nowait(self, item: Line) -> None:
+        """``queue.Queue`` spelling of :meth:`put` (never raises ``queue.Full``)."""
+        self.put(item)
+
+    def get_nowait(self) -> Line:
+        """The oldest queued line; raises ``queue.Empty`` when there is none (``queue.Queue`` API)."""
+        with self._lock:
+            if not self._items:
+                raise queue.Empty
+            return self._items.popleft()
+
+    def drain(self, max_items: int) -> list[Line]:
+        """Up to ``max_items`` of the oldest queued lines, in order, without blocking."""
+        with self._lock:
+            count = min(max_items, len(self._items))
+            return [self._items.popleft() for _ in range(count)]
+
+    def qsize(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def __len__(self) -> int:
+        return self.qsize()
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
 
 
 class Child:
@@ -114,9 +174,10 @@ class Child:
 
     def __init__(self, spec: ChildSpec) -> None:
         self.spec = spec
-        self.lines: "queue.Queue[tuple[float, str, str]]" = queue.Queue(spec.line_queue_size)
+        self.lines = LineQueue(spec.line_queue_size)
         self.tail = OutputTail(spec.tail_bytes)
-        self.line_stats = LineStats()
+        self._cut_lines = 0
+        self._cut_lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
         self._readers: list[threading.Thread] = []
         self._log: BinaryIO | None = None
@@ -128,10 +189,17 @@ class Child:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    @property
+    def line_stats(self) -> LineStats:
+        """What happened to the output lines on their way to the analysis (a snapshot)."""
+        with self._cut_lock:
+            cut = self._cut_lines
+        return LineStats(queued=self.lines.queued, dropped=self.lines.dropped, cut=cut)
+
     def start(self) -> None:
         spec = self.spec
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(spec.log_path, "ab", buffering=0)
+        self._log = open(spec.log_path, "ab", buffering=0)  # noqa: SIM115 - closed by finish()
         shim = [sys.executable, "-S", "-c", _SHIM, str(os.getpid())]
         self._started_at = time.monotonic()
         self._proc = subprocess.Popen(
@@ -186,7 +254,8 @@ class Child:
                     partial += piece[:room]
                     if len(piece) > room:
                         overflow = True
-                        self.line_stats.cut += 1
+                        with self._cut_lock:
+                            self._cut_lines += 1
                 if nl < 0:
                     break
                 self._queue_line(name, bytes(partial))
@@ -203,11 +272,7 @@ class Child:
     def _queue_line(self, name: str, data: bytes) -> None:
         if not data:
             return
-        try:
-            self.lines.put_nowait((time.time(), name, data.decode("utf-8", errors="replace")))
-            self.line_stats.queued += 1
-        except queue.Full:
-            self.line_stats.dropped += 1
+        self.lines.put((time.time(), name, data.decode("utf-8", errors="replace")))
 
     def poll(self) -> ChildExit | None:
         """The exit once the child's main process has ended, else None. Never blocks."""
@@ -279,7 +344,7 @@ class Child:
         pyspy = shutil.which("py-spy")
         if pyspy:
             try:
-                res = subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True,
+                res = subprocess.run([pyspy, "dump", "--pid", str(pid)], check=False, capture_output=True,
                                      text=True, timeout=20)
                 out_path.write_text(res.stdout + res.stderr)
                 return f"py-spy dump written to {out_path}"

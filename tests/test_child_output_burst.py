@@ -1,0 +1,89 @@
+"""An output burst never hides the newest lines (issue #12 item 2): a real child prints 60,000
+``step N`` lines as fast as it can while a consumer reads the way the run loop does (at most 5,000
+lines per 50 ms tick). The analysis must end on the last step; the log keeps every line."""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from supervisor.child import Child, ChildSpec, LineQueue
+from supervisor.progress import StepExtractor
+
+LINES = 60_000
+BURST = f"import sys\nw = sys.stdout.write\nfor i in range(1, {LINES + 1}):\n    w(f'step {{i}} loss 0.5\\n')\n"
+
+
+def _spec(tmp_path: Path, code: str, **extra: object) -> ChildSpec:
+    return ChildSpec(argv=[sys.executable, "-c", code], env=dict(os.environ), log_path=tmp_path / "attempt-1.log",
+                     echo=False, **extra)  # type: ignore[arg-type]
+
+
+def test_a_burst_of_step_lines_ends_on_the_last_step_and_the_log_keeps_every_line(tmp_path: Path) -> None:
+    child = Child(_spec(tmp_path, BURST))
+    extractor = StepExtractor()
+    last_step = None
+    child.start()
+    try:
+        while True:  # the loop's cadence: one drain of at most 5,000 lines per 50 ms tick
+            exited = child.poll() is not None
+            for _ts, _stream, line in child.lines.drain(5000):
+                step = extractor.extract(line)
+                if step is not None:
+                    last_step = step
+            if exited and child.lines.empty() and not any(t.is_alive() for t in child._readers):
+                break
+            time.sleep(0.05)
+    finally:
+        child.finish()
+    log_lines = (tmp_path / "attempt-1.log").read_text().splitlines()
+
+    assert last_step == LINES
+    assert len(log_lines) == LINES and log_lines[-1] == f"step {LINES} loss 0.5"
+    stats = child.line_stats
+    assert stats.queued == LINES
+    assert stats.dropped > 0  # the burst did overflow the queue: the oldest lines went
+
+
+def test_the_queue_drops_the_oldest_and_counts_them() -> None:
+    lines = LineQueue(3)
+    evicted = [lines.put((float(i), "stdout", f"step {i}")) for i in range(1, 6)]
+
+    assert evicted == [False, False, False, True, True]
+    assert lines.dropped == 2 and lines.queued == 5
+    assert [item[2] for item in lines.drain(10)] == ["step 3", "step 4", "step 5"]
+    with pytest.raises(queue.Empty):
+        lines.get_nowait()
+
+
+def test_two_writers_and_a_reader_lose_nothing_but_what_is_counted() -> None:
+    lines = LineQueue(100)
+    seen: list[str] = []
+    done = threading.Event()
+
+    def write(name: str) -> None:
+        for i in range(20_000):
+            lines.put((0.0, name, f"{name} {i}"))
+
+    def read() -> None:
+        while not done.is_set() or not lines.empty():
+            seen.extend(item[2] for item in lines.drain(50))
+
+    reader = threading.Thread(target=read)
+    writers = [threading.Thread(target=write, args=(name,)) for name in ("stdout", "stderr")]
+    reader.start()
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    done.set()
+    reader.join()
+
+    assert len(seen) + lines.dropped == 40_000 == lines.queued
+    assert "stdout 19999" in seen and "stderr 19999" in seen  # the newest line of each writer survives
