@@ -32,15 +32,26 @@ _SIGNAL_NAMES = {"TERM", "INT", "USR1", "USR2", "HUP", "QUIT", "CONT", "ALRM", "
 
 @dataclass(frozen=True)
 class BudgetConfig:
-    """Limits on what restarts may cost (DESIGN.md §8). ``None`` means no limit."""
+    """Limits on what restarts may cost (docs/policy.md). ``None`` means no limit.
+
+    Progress means durable progress: a checkpoint the next attempt resumes from, beyond the step the
+    attempt itself resumed from. ``policy.<class>.retries`` counts failures in a row *without*
+    progress (a crash loop); these budgets bound everything else, and each names itself when it stops.
+    """
 
     max_restarts_per_allocation: int | None = 10
     max_total_restarts: int | None = 50  # across requeues: the ledger lives in the run directory
     max_steps_lost: int | None = None
     max_steps_lost_fraction: float | None = 0.5  # of the progress made so far
-    min_progress_between_crashes: int | None = None  # steps; fewer = a crash loop
+    min_progress_between_crashes: int | None = None  # steps; an attempt between two crashes that advanced fewer: stop
     same_failure_limit: int | None = 3  # same class at the same step this many times: stop
     on_resume_mismatch: str = "stop"  # stop | warn: child started elsewhere than the resume point
+    min_durable_progress: int = 1  # steps saved past its resume point for an attempt to count as progress
+    min_steps_per_failure: int | None = 50  # failure rate: the last failure_rate_window failures need
+    failure_rate_window: int = 5  # ... at least this many steps of durable progress each, on average
+    max_requeues_without_progress: int | None = 3  # preemptions / time limits in a row that saved nothing new
+    max_restarts_from_scratch: int | None = 0  # restarts from step 0 after a checkpoint was saved (only copy lost)
+    results_check_crash_free_steps: int = 15000  # after a memory/device error: steps before a fix is believed
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,7 @@ class PreemptionConfig:
     time_limit_signal: str | None = "USR1"  # the signal of `#SBATCH --signal=B:USR1@N`: a time-limit warning
     time_limit_warning: float | None = None  # its N (seconds before the limit), when no EndTime is readable
     unknown_save_s: float = 60.0  # assumed save duration before any save was measured
+    shield_child: bool = True  # start the child with the notice signals ignored; the supervisor ends it
 
 
 @dataclass(frozen=True)

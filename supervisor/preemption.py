@@ -1,7 +1,7 @@
 """Stop notices, the deadline they carry, save arbitration and the requeue decision (DESIGN.md §5).
 
 Everything here is pure: plain data in, a frozen dataclass with a ``reason`` out; ``now`` is always
-passed in. The run loop (``supervisor.runner``) gathers the facts (signals, ``scontrol show job``,
+passed in. The run loop (``supervisor.run``) gathers the facts (signals, ``scontrol show job``,
 the event log, the control channel) and carries the decisions out.
 
 Facts this rests on (research/slurm-semantics.md §1-§3, verified on Slurm 22.05.8):

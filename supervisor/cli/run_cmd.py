@@ -40,7 +40,7 @@ def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpo
         "run_dir": run_dir, "name": name, "checkpoint_dir": checkpoint_dir,
         "resume_arg": resume_arg, "step_regex": step_regex, "stall_timeout": stall_timeout,
     })
-    from ..runner import Runner
+    from ..run import Runner
 
     result = Runner(cfg, list(command), echo=not quiet).run()
     sys.exit(result.exit_code)

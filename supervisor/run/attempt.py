@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .preemption import InFlightSave, Notice
+from ..preemption import InFlightSave, Notice, SaveHistory
+from .stop import StopState
 
 
 @dataclass
@@ -40,25 +41,22 @@ class AttemptState:
     saves: list[SaveRecord] = field(default_factory=list)
     in_flight: InFlightSave | None = None
     notice: Notice | None = None
-    stop_requested_at: float | None = None
-    stop_deadline: float | None = None  # kill the child if still alive then
-    blocking_until: float | None = None  # waiting for an in-flight save to finish
-    emergency_save_until: float | None = None
-    term_sent_at: float | None = None
+    stop: StopState = field(default_factory=StopState)
+    save_history: SaveHistory | None = None  # what the notice was arbitrated with
+    deadline_source: str | None = None  # where the notice's deadline came from
+    refine_until: float = 0.0  # keep asking Slurm for the real deadline until then
     aborted_save: bool = False
-    hang: bool = False
+    hang: bool = False  # the supervisor found the child stalled and ended it
+    stall_reason: str | None = None
     cancelled: bool = False  # a person interrupted (SIGINT)
     stopped_reason: str | None = None  # the supervisor itself ended the attempt (mismatch, loss)
+    stopped_by: str | None = None  # the policy behind stopped_reason (resume_audit, loss_policy)
     clients: set[tuple[str, int]] = field(default_factory=set)
     client_done: bool = False  # the client said training is complete
     nodes: set[str] = field(default_factory=set)
     determinism: dict[str, Any] = field(default_factory=dict)
     slowdown_active: bool = False
     last_progress_event_at: float = 0.0
-    next_stop_broadcast: float = 0.0
-    deadline_source: str | None = None  # where the notice's deadline came from
-    refine_until: float = 0.0  # keep asking Slurm for the real deadline until then
-    next_refine: float = 0.0
 
     def observe_step(self, step: int, now: float, source: str) -> bool:
         """Record a step report; client reports win over regex matches once seen.

@@ -1,0 +1,26 @@
+"""``supervise run``: the run loop and its parts.
+
+================  ============================================================================
+module            its one job
+================  ============================================================================
+``loop``          set up, run attempts, carry out each verdict (restart, requeue, stop), tear down
+``monitor``       one tick of watching an attempt: output, channel, saves, signals, health
+``notice``        stop notices acted on at once; the stop machine's effects carried out
+``stop``          the stop state machine (pure): notice -> block / save / terminate -> kill
+``judge``         after an attempt: its class and what the run does next (pure)
+``start``         before an attempt: resume point, quarantine, history audit, preflight
+``saves``         saves reported by the client or seen in the checkpoint directory
+``layout``        run/checkpoint directories, the child's argv and environment (pure)
+``attempt``       the mutable facts of the attempt in progress
+``context``       what every part shares (config, layout, seams, event log)
+``seams``         clock, waker, child starter, Slurm view: real ones here, fakes in tests
+================  ============================================================================
+"""
+
+from __future__ import annotations
+
+from .layout import default_run_name
+from .loop import RunResult, Runner
+from .seams import SupervisorClock
+
+__all__ = ["RunResult", "Runner", "SupervisorClock", "default_run_name"]

@@ -1,0 +1,58 @@
+"""What every part of the run loop shares: the config, the layout, the seams and the event log."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..config import SupervisorConfig
+from ..events import Ev, EventLog
+from ..signals import signal_number
+from ..slurm import SlurmEnv
+from .layout import RunLayout
+from .seams import Channel, ChildStarter, Clock, SlurmView, Waker
+
+log = logging.getLogger("supervisor.run")
+
+
+@dataclass
+class RunContext:
+    cfg: SupervisorConfig
+    argv: list[str]
+    environ: Mapping[str, str]
+    layout: RunLayout
+    slurm_env: SlurmEnv
+    clock: Clock
+    waker: Waker
+    start_child: ChildStarter
+    slurm: SlurmView
+    channel: Channel | None = None
+    control_key: str = ""
+    events: EventLog | None = None
+    echo: bool = True
+    host: str = "localhost"
+    noticed: bool = False  # a stop notice arrived in this job: exit quickly, the deadline wins
+    interrupts: int = 0
+    notice_signals: frozenset[int] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if not self.notice_signals:
+            self.notice_signals = frozenset(signal_number(s) for s in self.cfg.preemption.signals)
+
+    def emit(self, event: Ev, **fields: Any) -> None:
+        """Record an event. The log must never take the loop down: a failure is logged, not raised."""
+        if self.events is None:
+            return
+        try:
+            self.events.emit(event, **fields)
+        except Exception as exc:  # a full disk or a deleted run dir must not orphan the child
+            log.error("could not record %s: %s", event.value, exc)
+
+    def broadcast(self, kind: str, **fields: Any) -> None:
+        if self.channel is None:
+            return
+        try:
+            self.channel.broadcast(kind, **fields)
+        except Exception as exc:  # the channel is advisory
+            log.debug("broadcast %s failed: %s", kind, exc)

@@ -1,0 +1,108 @@
+"""After an attempt: what ended it, and what the run does next. One pure function, :func:`judge_attempt`.
+
+The classifier reads the output; the supervisor knows more than the text and its knowledge wins:
+a stall it detected is a hang, a person's Ctrl-C or scancel is a cancel, a notice is a preemption
+or a time limit (unless the client said training had finished), and an exit the supervisor itself
+forced (resume audit, loss policy) is a stop by that policy. Then the restart policy
+(:func:`supervisor.policy.decide`) and the budgets (:func:`supervisor.budget.judge`) decide, and the
+verdict names whichever of them stopped the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Mapping, Sequence
+
+from ..budget import BudgetVerdict, judge
+from ..config import BudgetConfig, ClassPolicy
+from ..errors import ExitCode
+from ..failures import Failure
+from ..policy import Decision, action_for, decide
+from ..states import Action, FailureClass, RunOutcome
+
+EXIT_CANCELLED = 130  # a person's Ctrl-C or scancel, as a shell reports SIGINT
+
+
+@dataclass(frozen=True)
+class AttemptFacts:
+    """What the supervisor itself knows about how the attempt ended."""
+
+    hang: bool = False
+    cancelled: bool = False  # Ctrl-C
+    notice_class: FailureClass | None = None  # preempted / time_limit / cancelled, from the notice and Slurm
+    notice_reason: str | None = None
+    client_done: bool = False
+    stopped_reason: str | None = None
+    stopped_by: str | None = None
+    stall_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class AttemptVerdict:
+    """The class of the attempt's end and what the run does next.
+
+    ``outcome`` None means: restart in place after ``delay`` seconds. Otherwise the run ends with
+    ``outcome`` and ``exit_code``; ``stopped_by`` names the policy or budget that stopped it.
+    """
+
+    cls: FailureClass
+    failure: Failure
+    outcome: RunOutcome | None
+    exit_code: int
+    reason: str
+    decision: Decision | None = None
+    budget: BudgetVerdict | None = None
+    delay: float = 0.0
+    stopped_by: str | None = None
+
+    @property
+    def action(self) -> Action | None:
+        return None if self.cls is FailureClass.COMPLETED else (self.decision.action if self.decision else Action.STOP)
+
+
+def effective_class(failure: Failure, facts: AttemptFacts) -> tuple[FailureClass, str]:
+    """What the supervisor knows beats the text: a stall, an interrupt, a notice, its own stop."""
+    cls = failure.cls
+    if facts.hang:
+        return FailureClass.HANG, facts.stall_reason or "no progress: stalled"
+    if facts.cancelled:
+        return FailureClass.CANCELLED, "interrupted by a person (Ctrl-C)"
+    if facts.notice_class is not None:
+        if cls is FailureClass.COMPLETED and facts.client_done:
+            return cls, failure.reason
+        return facts.notice_class, facts.notice_reason or f"stop notice ({facts.notice_class.value})"
+    if facts.stopped_reason is not None and cls is FailureClass.COMPLETED:
+        return FailureClass.UNKNOWN, facts.stopped_reason
+    return cls, failure.reason
+
+
+def judge_attempt(failure: Failure, facts: AttemptFacts, history: Sequence[Any], ledger: Sequence[Any],
+                  policy: Mapping[FailureClass, ClassPolicy], budget: BudgetConfig, job_id: str | None,
+                  child_status: int) -> AttemptVerdict:
+    """``history``: ledger records of the earlier attempts; ``ledger``: all of them, this one
+    included. ``child_status``: the shell-style status the run exits with when policy says stop."""
+    cls, reason = effective_class(failure, facts)
+    if cls is not failure.cls:
+        failure = replace(failure, cls=cls, action=action_for(cls, policy), reason=reason)
+    if cls is FailureClass.COMPLETED:
+        return AttemptVerdict(cls, failure, RunOutcome.COMPLETE, ExitCode.OK, "training complete")
+    if facts.stopped_reason is not None:
+        return AttemptVerdict(cls, failure, RunOutcome.STOPPED, ExitCode.STOPPED, facts.stopped_reason,
+                              stopped_by=facts.stopped_by)
+    if cls is FailureClass.CANCELLED:
+        who = "interrupted by a person" if facts.cancelled else f"cancelled by a person: {reason}"
+        return AttemptVerdict(cls, failure, RunOutcome.INTERRUPTED, EXIT_CANCELLED, who, stopped_by="person")
+    decision = decide(failure, history, policy, job_id)
+    verdict: BudgetVerdict | None = None
+    if decision.action in (Action.RESTART, Action.REQUEUE):
+        verdict = judge(ledger, budget, job_id)
+        if not verdict.ok:
+            return AttemptVerdict(cls, failure, RunOutcome.STOPPED, ExitCode.STOPPED,
+                                  f"budget {verdict.budget} exhausted: {verdict.reason}", decision, verdict,
+                                  stopped_by=verdict.budget)
+    if decision.action is Action.RESTART:
+        return AttemptVerdict(cls, failure, None, 0, decision.reason, decision, verdict, delay=decision.delay)
+    if decision.action is Action.REQUEUE:
+        return AttemptVerdict(cls, failure, RunOutcome.REQUEUE, ExitCode.REQUEUE, decision.reason, decision, verdict)
+    return AttemptVerdict(cls, failure, RunOutcome.STOPPED, child_status, decision.reason, decision, verdict,
+                          stopped_by=f"policy.{cls.value}")

@@ -1,0 +1,369 @@
+"""The run loop: set up, run attempts until the training completes, policy stops it, or the job
+must come back later; then tear down. One ``Runner.run()`` covers one job's share of a run.
+
+Everything that decides is pure and lives elsewhere (:mod:`.stop`, :mod:`.judge`, the policy,
+budget and preemption modules); this module carries decisions out. The world reaches it only
+through the seams of :mod:`.seams`, which tests replace with fakes (``tests/fakes.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .. import __version__
+from ..child import ChildExit, ChildSpec, resolve_command
+from ..config import SupervisorConfig
+from ..control import ControlServer, new_token
+from ..errors import ExitCode, UsageError
+from ..events import Ev, EventLog, read_events
+from ..failures import classify
+from ..budget import ledger_from_events
+from ..lock import RunLock
+from ..preemption import decide_requeue
+from ..signals import SignalInbox, signal_number
+from ..slurm import SlurmEnv, get_backend
+from ..states import Action, FailureClass, RunOutcome
+from . import notice as notices
+from .attempt import AttemptState
+from .context import RunContext
+from .judge import AttemptFacts, AttemptVerdict, judge_attempt
+from .layout import child_plan, layout_for
+from .monitor import monitor
+from .seams import BackgroundSlurm, ChildHandle, ChildStarter, Clock, InboxWaker, SlurmView, SupervisorClock, Waker
+from .seams import start_process
+from .start import check_durable_history, gpu_preflight, start_state
+
+log = logging.getLogger("supervisor.run")
+
+SETTLE_TIMEOUT = 5.0  # seconds to wait for Slurm's job record after the child ended
+
+
+@dataclass(frozen=True)
+class RunResult:
+    outcome: RunOutcome
+    exit_code: int
+    reason: str
+
+
+class Runner:
+    """Runs attempts of the child until it completes, policy stops it, or the job must requeue.
+
+    ``clock``, ``waker``, ``start_child``, ``slurm`` and ``channel`` are the seams; left out, the
+    real ones are used (the supervisor's monotonic clock, the signal inbox, real processes, Slurm's
+    CLI on a worker thread, the UDP control channel)."""
+
+    def __init__(self, cfg: SupervisorConfig, argv: Sequence[str], *, environ: Mapping[str, str] | None = None,
+                 cwd: Path | None = None, echo: bool = True, clock: Clock | None = None,
+                 waker: Waker | None = None, start_child: ChildStarter | None = None,
+                 slurm: SlurmView | None = None, channel: Any = None) -> None:
+        if not argv:
+            raise UsageError("missing the training command after '--' (e.g. supervise run -- python train.py)")
+        env = dict(os.environ if environ is None else environ)
+        cwd = Path(cwd or os.getcwd())
+        slurm_env = SlurmEnv.from_environ(env)
+        self._clock = clock or SupervisorClock()
+        self._inbox: SignalInbox | None = None
+        if waker is None:
+            sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
+            sigs |= {signal_number(s) for s in cfg.preemption.signals}
+            self._inbox = SignalInbox(sigs, clock=self._clock.now)
+            waker = InboxWaker(self._inbox)
+        self._own_channel = channel is None
+        self.ctx = RunContext(cfg=cfg, argv=list(argv), environ=env, layout=layout_for(cfg, argv, env, cwd),
+                              slurm_env=slurm_env, clock=self._clock, waker=waker,
+                              start_child=start_child or start_process,
+                              slurm=slurm or BackgroundSlurm(slurm_env.job_id, get_backend), channel=channel,
+                              echo=echo, host=socket.gethostname())
+        self.cwd = cwd
+        self._child: ChildHandle | None = None
+        self._manifest_threads: list[threading.Thread] = []
+
+    @property
+    def paths(self) -> Any:
+        return self.ctx.layout.paths
+
+    # ------------------------------------------------------------------ set-up and tear-down
+
+    def _check_inputs(self) -> None:
+        """Bad input is found before anything is written outside the run directory."""
+        ctx = self.ctx
+        if resolve_command(ctx.argv, ctx.environ) is None:
+            raise UsageError(f"command not found or not executable: {ctx.argv[0]!r} (check the spelling and PATH)")
+        ckpt = ctx.layout.ckpt_dir
+        if ckpt.exists() and not ckpt.is_dir():
+            raise UsageError(f"checkpoint directory {ckpt} exists and is not a directory; "
+                             "pass --checkpoint-dir pointing to a directory")
+        try:
+            self.paths.supervisor_dir.mkdir(parents=True, exist_ok=True)
+            probe = self.paths.supervisor_dir / f".write-test-{os.getpid()}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:
+            raise UsageError(f"run directory {self.paths.run_dir} is not writable ({exc.strerror}); "
+                             "pass a writable --run-dir") from None
+
+    def run(self) -> RunResult:
+        ctx = self.ctx
+        self._check_inputs()
+        lock = RunLock(self.paths.lock, self.paths.lock_owner)
+        lock.acquire(ctx.environ)
+        try:
+            ctx.events = EventLog(self.paths.events)
+            if self._own_channel:
+                server = ControlServer(new_token(), environ=ctx.environ)
+                server.start()
+                ctx.channel, ctx.control_key = server, server.token
+            if self._inbox is not None:
+                self._inbox.install()
+            try:
+                result = self._run_attempts()
+            except KeyboardInterrupt:
+                result = self._end(RunOutcome.INTERRUPTED, 130, "interrupted", None)
+            except Exception as exc:
+                # A bug of ours must not leave a training child running unsupervised.
+                ctx.emit(Ev.RUN_END, outcome=RunOutcome.FAILED.value, exit_code=ExitCode.FAILED,
+                         reason=f"supervisor internal error: {type(exc).__name__}: {exc}")
+                raise
+            return result
+        finally:
+            self._teardown(lock)
+
+    def _teardown(self, lock: RunLock) -> None:
+        ctx = self.ctx
+        child = self._child
+        if child is not None and child.poll() is None:
+            child.signal_group(signal.SIGKILL)
+        self._finish_manifests()
+        if self._inbox is not None:
+            self._inbox.uninstall()
+        if ctx.channel is not None and self._own_channel:
+            self._record_dropped()
+            ctx.channel.close()
+        if ctx.events is not None:
+            ctx.events.close()
+        try:
+            self.paths.stop_file.unlink()
+        except OSError:
+            pass
+        lock.release()
+
+    # ------------------------------------------------------------------ the attempt loop
+
+    def _run_attempts(self) -> RunResult:
+        ctx = self.ctx
+        previous = read_events(self.paths.events).events
+        attempt_no = max((e.get("attempt") for e in previous if e.event == Ev.ATTEMPT_START.value
+                          and isinstance(e.get("attempt"), int)), default=0)
+        ctx.emit(Ev.RUN_START, name=ctx.layout.name, run_dir=str(self.paths.run_dir),
+                 checkpoint_dir=str(ctx.layout.ckpt_dir), argv=ctx.argv, config_hash=ctx.cfg.config_hash(),
+                 host=ctx.host, pid=os.getpid(), job_id=ctx.slurm_env.job_id,
+                 restart_count=ctx.slurm_env.restart_count, version=__version__,
+                 control=getattr(ctx.channel, "address", None))
+        ctx.layout.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            attempt_no += 1
+            state = start_state(ctx, attempt_no)
+            missing = check_durable_history(ctx, state)
+            if missing is not None:
+                return self._end(RunOutcome.STOPPED, ExitCode.STOPPED, missing, state, stopped_by="resume_audit")
+            if "gpu" in ctx.cfg.preflight:
+                failed = gpu_preflight(ctx, state)
+                if failed is not None:
+                    return self._requeue(state, FailureClass.HARDWARE_FAULT, failed)
+            child = self._launch(state)
+            exit_ = monitor(ctx, child, state)
+            child.finish()
+            result = self._after_attempt(child, exit_, state)
+            if result is not None:
+                return result
+
+    def _launch(self, state: AttemptState) -> ChildHandle:
+        ctx = self.ctx
+        try:
+            self.paths.stop_file.unlink()
+        except OSError:
+            pass
+        plan = child_plan(ctx.cfg, ctx.argv, ctx.environ, ctx.layout, attempt=state.attempt,
+                          resume_path=state.resume_path, resume_step=state.resume_step,
+                          control_address=getattr(ctx.channel, "address", ""), control_key=ctx.control_key)
+        spec = ChildSpec(argv=list(plan.argv), env=plan.env, cwd=self.cwd, log_path=self.paths.attempt_log(state.attempt),
+                         tail_bytes=ctx.cfg.tail_bytes, max_line_bytes=ctx.cfg.max_line_bytes, echo=ctx.echo,
+                         **_shield_kwargs(plan.shield_signals))
+        child = ctx.start_child(spec)
+        self._child = child
+        ctx.emit(Ev.ATTEMPT_START, attempt=state.attempt, argv=list(plan.argv), pid=child.pid, host=ctx.host,
+                 job_id=ctx.slurm_env.job_id, restart_count=ctx.slurm_env.restart_count,
+                 nodes=list(ctx.slurm_env.node_names) or None, resume_path=state.resume_path,
+                 resume_step=state.resume_step)
+        log.info("attempt %d started (pid %s): %s", state.attempt, child.pid, " ".join(plan.argv))
+        if self._own_channel:
+            self._write_manifest_async(state, list(plan.argv))
+        return child
+
+    def _write_manifest_async(self, state: AttemptState, argv: list[str]) -> None:
+        """Provenance probes (git, the child's torch) must not delay the launch."""
+        ctx = self.ctx
+
+        def work() -> None:
+            try:
+                from ..manifest import collect_manifest, write_manifest
+
+                manifest = collect_manifest(attempt=state.attempt, argv=argv, config=ctx.cfg,
+                                            environ=dict(ctx.environ), cwd=self.cwd, child_python=None,
+                                            run_dir=self.paths.run_dir)
+                write_manifest(self.paths.manifest(state.attempt), manifest)
+            except Exception as exc:  # provenance is best effort, never fatal
+                log.debug("manifest for attempt %d failed: %s", state.attempt, exc)
+
+        thread = threading.Thread(target=work, daemon=True, name="manifest")
+        thread.start()
+        self._manifest_threads.append(thread)
+
+    def _finish_manifests(self) -> None:
+        """Let provenance probes land before exiting: the attempts that die at start are the ones
+        whose manifest matters most. Bounded: after a stop notice only a second (the deadline wins)."""
+        end = time.monotonic() + (1.0 if self.ctx.noticed else 25.0)
+        for thread in self._manifest_threads:
+            thread.join(max(end - time.monotonic(), 0.0))
+
+    # ------------------------------------------------------------------ after the attempt
+
+    def _after_attempt(self, child: ChildHandle, exit_: ChildExit, state: AttemptState) -> RunResult | None:
+        ctx = self.ctx
+        ended = ctx.clock.now()
+        info = None
+        if ctx.slurm_env.job_id and (state.notice is not None or exit_.status != 0):
+            info = ctx.slurm.job_info_now(SETTLE_TIMEOUT)
+            if state.notice is None and info is not None and getattr(info, "preempt_time", None):
+                # In a batch-step layout only the srun step is signalled at grace start.
+                notices.on_notice(ctx, child, state, "poll", None, ended, None)
+        notice_cls, notice_reason = notices.settle_cause(state.notice, info, exit_.status)
+        failure = classify(exit_.exit_code, exit_.signal, child.tail_text(), policy=ctx.cfg.policy,
+                           step_regex=ctx.cfg.step_regex)
+        facts = AttemptFacts(hang=state.hang, cancelled=state.cancelled, notice_class=notice_cls,
+                             notice_reason=notice_reason, client_done=state.client_done,
+                             stopped_reason=state.stopped_reason, stopped_by=state.stopped_by,
+                             stall_reason=state.stall_reason)
+        # attempt_end first, so the ledger the decision reads includes this attempt.
+        from .judge import effective_class
+
+        cls, _ = effective_class(failure, facts)
+        done = cls is FailureClass.COMPLETED
+        ctx.emit(Ev.ATTEMPT_END, attempt=state.attempt, exit_code=exit_.exit_code, signal=exit_.signal_name,
+                 duration=round(exit_.duration, 3), first_step=state.first_step, last_step=state.last_step,
+                 last_durable_step=state.last_durable_step, steps_lost=0 if done else state.steps_lost(),
+                 wall_lost=0.0 if done else round(state.wall_lost(ended), 3), resume_step=state.resume_step,
+                 resume_path=state.resume_path, **{"class": cls.value, "action": None})
+        dropped, cut = child.lines_not_analysed()
+        if dropped or cut:
+            ctx.emit(Ev.WARNING, attempt=state.attempt, reason="output lines not analysed", dropped=dropped, cut=cut)
+        records = ledger_from_events(read_events(self.paths.events).events)
+        verdict = judge_attempt(failure, facts, records[:-1], records, ctx.cfg.policy, ctx.cfg.budget,
+                                ctx.slurm_env.job_id, exit_.status)
+        if not done:
+            self._record_failure(state, exit_, failure, verdict)
+        return self._carry_out(state, verdict)
+
+    def _record_failure(self, state: AttemptState, exit_: ChildExit, failure: Any, verdict: AttemptVerdict) -> None:
+        ctx = self.ctx
+        eff = verdict.failure
+        ctx.emit(Ev.FAILURE, attempt=state.attempt, action=(verdict.action or Action.STOP).value,
+                 evidence=list(failure.evidence), context=list(failure.context),
+                 step=failure.step if failure.step is not None else state.last_step, last_step=state.last_step,
+                 last_durable_step=state.last_durable_step, node=failure.node or ctx.host, rank=failure.rank,
+                 exit_code=exit_.exit_code, signal=exit_.signal_name, reason=eff.reason,
+                 **{"class": verdict.cls.value, "classified_as": failure.cls.value})
+        log.warning("attempt %d ended: %s (%s)", state.attempt, verdict.cls.value,
+                    "; ".join(failure.evidence[:1]) or f"status {exit_.status}")
+
+    def _carry_out(self, state: AttemptState, verdict: AttemptVerdict) -> RunResult | None:
+        ctx = self.ctx
+        if verdict.budget is not None:
+            b = verdict.budget
+            ctx.emit(Ev.BUDGET, attempt=state.attempt, ok=b.ok, budget=b.budget, reason=b.reason, numbers=b.numbers)
+            if not b.ok:
+                log.error("budget exhausted: %s", b.reason)
+        if verdict.decision is not None and (verdict.budget is None or verdict.budget.ok):
+            ctx.emit(Ev.DECISION, attempt=state.attempt, action=verdict.decision.action.value,
+                     reason=verdict.decision.reason, delay=verdict.decision.delay)
+        if verdict.outcome is None:
+            log.warning("restarting in %.1fs: %s", verdict.delay, verdict.reason)
+            if self._backoff(verdict.delay):
+                return self._requeue(state, FailureClass.PREEMPTED, "notice during restart backoff")
+            return None
+        if verdict.outcome is RunOutcome.REQUEUE:
+            return self._requeue(state, verdict.cls, verdict.reason)
+        return self._end(verdict.outcome, verdict.exit_code, verdict.reason, state, stopped_by=verdict.stopped_by)
+
+    def _backoff(self, seconds: float) -> bool:
+        """Wait before a restart; True when a stop notice arrived meanwhile."""
+        ctx = self.ctx
+        end = ctx.clock.now() + seconds
+        while ctx.clock.now() < end:
+            ctx.waker.wait(min(0.2, max(end - ctx.clock.now(), 0.0)))
+            for sig in ctx.waker.drain():
+                if sig.signum == signal.SIGINT:
+                    raise KeyboardInterrupt
+                if sig.signum in ctx.notice_signals:
+                    ctx.noticed = True
+                    return True
+        return False
+
+    def _requeue(self, state: AttemptState, cls: FailureClass, reason: str) -> RunResult:
+        """Come back later: through Slurm (explicitly where Slurm will not), else exit 75."""
+        ctx = self.ctx
+        job_id = ctx.slurm_env.job_id
+        info = ctx.slurm.job_info_now(SETTLE_TIMEOUT) if job_id else None
+        version = ctx.slurm.version() if job_id else None
+        policy = ctx.cfg.policy_for(cls)
+        exclude: tuple[str, ...] = ()
+        if policy.exclude_node:
+            exclude = tuple(sorted(state.nodes)) or ((ctx.slurm_env.nodename,) if ctx.slurm_env.nodename else ())
+        decision = decide_requeue(child_outcome=cls, in_slurm=bool(job_id),
+                                  job_requeueable=getattr(info, "requeue", None), slurm_version=version,
+                                  notice=state.notice, already_requeued=False,
+                                  job_state=str(getattr(info, "state", "") or "") or None,
+                                  policy=ctx.cfg.preemption.requeue,
+                                  requeue_on_time_limit=ctx.cfg.preemption.requeue_on_time_limit,
+                                  exclude_nodes=exclude)
+        ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, **decision.to_event())
+        result = self._end(RunOutcome.REQUEUE, ExitCode.REQUEUE, f"{cls.value}: {reason}; {decision.reason}", state)
+        if decision.do and decision.how == "scontrol" and job_id:
+            # run_end is already written: scontrol requeue ends this job step at once. The exclude
+            # list is changed by the facade after the requeue (22.05 refuses it on a running job).
+            try:
+                outcome = ctx.slurm.requeue(ctx.slurm_env.restart_count, decision.exclude)
+                ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how="scontrol", ok=outcome.ok,
+                         result=outcome.reason, exclude_error=getattr(outcome, "exclude_error", None))
+            except Exception as exc:
+                ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how=decision.how, ok=False, reason=str(exc))
+                log.error("requeue failed: %s", exc)
+        return result
+
+    def _end(self, outcome: RunOutcome, code: int, reason: str, state: AttemptState | None,
+             stopped_by: str | None = None) -> RunResult:
+        self.ctx.emit(Ev.RUN_END, outcome=outcome.value, exit_code=code, reason=reason,
+                      attempts=state.attempt if state else None, last_step=state.last_step if state else None,
+                      stopped_by=stopped_by)
+        log.info("run %s (exit %d): %s", outcome.value, code, reason)
+        return RunResult(outcome, code, reason)
+
+    def _record_dropped(self) -> None:
+        stats = getattr(self.ctx.channel, "stats", None)
+        dropped = getattr(stats, "dropped", None) or {}
+        if sum(dropped.values()):
+            self.ctx.emit(Ev.CONTROL_DROPPED, count=sum(dropped.values()), by_reason=dict(dropped))
+
+
+def _shield_kwargs(signals: tuple[int, ...]) -> dict[str, Any]:
+    """``ChildSpec``'s shield option, where the child module offers it."""
+    fields = getattr(ChildSpec, "__dataclass_fields__", {})
+    return {"shield_signals": signals} if "shield_signals" in fields and signals else {}

@@ -1,0 +1,241 @@
+"""Watching one attempt: one :func:`tick` at a time until the child's main process has ended.
+
+Each tick drains the child's output lines (steps), the control channel (heartbeats, saves,
+resumed, done), polls the checkpoint directory (zero-code saves), handles received signals
+(notices, Ctrl-C), asks Slurm in the background, checks health (stall, slowdown), and advances the
+stop machine. Every wait is the waker's, so a signal ends it at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from ..checkpoints import DirWatcher
+from ..child import ChildExit
+from ..client import STACK_DUMP_SIGNAL
+from ..events import Ev
+from ..preemption import InFlightSave
+from ..progress import LossTracker, ProgressTracker, StepExtractor
+from . import notice as notices
+from .attempt import AttemptState
+from .context import RunContext
+from .saves import WATCH_INTERVAL, final_rescan, record_save, watch_saves
+from .stop import ForceKill, SaveLanded, StopAsked, StopPhase, StopReason, Tick
+
+log = logging.getLogger("supervisor.run")
+
+TICK = 0.05  # seconds between monitor passes; signals and exits wake the loop sooner
+LINES_PER_TICK = 5000
+MAX_STEP = 2**53  # a step beyond this is not a step (and must never overflow arithmetic)
+
+
+@dataclass
+class Watch:
+    """The per-attempt trackers the ticks share."""
+
+    extractor: StepExtractor
+    progress: ProgressTracker
+    losses: LossTracker
+    watcher: DirWatcher
+    next_watch: float = 0.0
+    next_poll: float = 0.0
+    flood_warned: bool = False
+
+
+def new_watch(ctx: RunContext, state: AttemptState) -> Watch:
+    now = ctx.clock.now()
+    return Watch(StepExtractor(ctx.cfg.step_regex), ProgressTracker(started_at=state.started_at),
+                 LossTracker(spike_factor=ctx.cfg.loss_spike_factor), DirWatcher(ctx.layout.ckpt_dir),
+                 next_poll=now + ctx.cfg.preemption.poll_interval)
+
+
+def monitor(ctx: RunContext, child: Any, state: AttemptState) -> ChildExit:
+    """Tick until the child's main process has ended; then drain what it left behind."""
+    w = new_watch(ctx, state)
+    while True:
+        exit_ = tick(ctx, child, state, w)
+        if exit_ is not None:
+            ctx.waker.wait(0.05)  # datagrams sent just before the exit are still in flight
+            now = ctx.clock.now()
+            drain_lines(ctx, child, state, w, now)
+            drain_control(ctx, child, state, w, now)
+            final_rescan(ctx, w.watcher, state, now)
+            return exit_
+        ctx.waker.wait(TICK)
+
+
+def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExit | None:
+    exit_ = child.poll()
+    now = ctx.clock.now()
+    drain_lines(ctx, child, state, w, now)
+    drain_control(ctx, child, state, w, now)
+    if now >= w.next_watch:
+        had_save = state.in_flight is not None
+        watch_saves(ctx, w.watcher, state, now)
+        w.next_watch = now + WATCH_INTERVAL
+        if had_save and state.in_flight is None:
+            notices.step(ctx, child, state, SaveLanded(), now)
+    for sig in ctx.waker.drain():
+        if sig.signum in ctx.notice_signals and state.notice is None:
+            watch_saves(ctx, w.watcher, state, now)  # an in-place save may have begun since the last poll
+        notices.on_signal(ctx, child, state, sig.signum, sig.received_at, w.progress.rate(now))
+    if (ctx.cfg.preemption.poll_interval > 0 and ctx.slurm_env.job_id and state.notice is None
+            and now >= w.next_poll):
+        w.next_poll = now + ctx.cfg.preemption.poll_interval
+        notices.poll_for_preemption(ctx, child, state, now, w.progress.rate(now))
+    if state.notice is not None and exit_ is None:
+        notices.refine_deadline(ctx, state, now)
+    if exit_ is not None:
+        return exit_
+    check_health(ctx, child, state, w, now)
+    notices.check_block(ctx, child, state, now)
+    notices.step(ctx, child, state, Tick(save_in_flight=state.in_flight is not None), now)
+    return None
+
+
+def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
+    for line in child.drain_lines(LINES_PER_TICK):
+        match = w.extractor.match(line)
+        if match is None or not (0 <= match.value < MAX_STEP):
+            continue
+        if match.progress_only:
+            w.progress.observe_counter(match.value, now)  # activity, not the global step
+        else:
+            observe_step(ctx, child, state, w, match.value, now, "regex")
+
+
+def observe_step(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step: int, now: float,
+                 source: str) -> None:
+    first = state.observe_step(step, now, source)
+    w.progress.observe(step, now)
+    if first and not state.resume_checked:
+        audit_resume(ctx, child, state, step if state.reported_resume_step is None else state.reported_resume_step)
+    if now - state.last_progress_event_at >= ctx.cfg.progress_event_interval:
+        state.last_progress_event_at = now
+        ctx.emit(Ev.PROGRESS, attempt=state.attempt, step=state.last_step, rate=w.progress.rate(now),
+                 source=state.step_source)
+
+
+def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: int) -> None:
+    from ..budget import audit_resume as audit
+
+    state.resume_checked = True
+    verdict = audit(state.resume_step, first_step, state.resume_path)
+    ctx.emit(Ev.RESUMED, attempt=state.attempt, step=first_step, expected_step=state.resume_step, ok=verdict.ok,
+             reason=verdict.reason)
+    if verdict.ok:
+        return
+    ctx.emit(Ev.RESUME_MISMATCH, attempt=state.attempt, expected_step=state.resume_step, got_step=first_step,
+             resume_path=state.resume_path, reason=verdict.reason)
+    log.error("RESUME AUDIT FAILED: %s", verdict.reason)
+    if ctx.cfg.budget.on_resume_mismatch == "stop":
+        state.stopped_reason = f"resume audit failed: {verdict.reason}"
+        state.stopped_by = "resume_audit"
+        notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "resume audit failed", ctx.cfg.term_timeout),
+                     ctx.clock.now())
+
+
+def _valid_step(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_STEP
+
+
+def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
+    if ctx.channel is None:
+        return
+    for msg in ctx.channel.poll():
+        kind, f = str(getattr(msg.kind, "value", msg.kind)), msg.fields
+        if msg.attempt is not None and msg.attempt != state.attempt:
+            continue  # a straggler from an earlier attempt
+        state.clients.add(msg.sender)
+        if msg.host:
+            state.nodes.add(str(msg.host))
+        if kind == "heartbeat" and _valid_step(f.get("step")):
+            if msg.rank not in (None, 0):
+                w.progress.touch(now)  # other ranks prove liveness; rank 0 owns the step
+                continue
+            observe_step(ctx, child, state, w, f["step"], now, "client")
+            loss = (f.get("metrics") or {}).get("loss") if isinstance(f.get("metrics"), dict) else None
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+                check_loss(ctx, child, state, w, f["step"], float(loss))
+        elif kind == "resumed" and _valid_step(f.get("step")):
+            state.reported_resume_step = f["step"]
+            if not state.resume_checked:
+                audit_resume(ctx, child, state, f["step"])
+        elif kind == "save_begin":
+            w.progress.touch(now)
+            step = f.get("step") if _valid_step(f.get("step")) else None
+            state.in_flight = InFlightSave(path=str(f.get("path")), step=step, started_at=now, source="client")
+            ctx.emit(Ev.SAVE_BEGIN, attempt=state.attempt, step=step, path=f.get("path"), source="client")
+        elif kind == "save_end":
+            w.progress.touch(now)
+            step = f.get("step") if _valid_step(f.get("step")) else None
+            record_save(ctx, state, step, str(f.get("path")), f.get("bytes"), f.get("duration"),
+                        bool(f.get("ok", True)), "client", now)
+            notices.step(ctx, child, state, SaveLanded(), now)
+        elif kind == "done":
+            state.client_done = True
+        elif kind == "determinism":
+            state.determinism = dict(f.get("settings") or f)
+            ctx.emit(Ev.DETERMINISM, attempt=state.attempt, settings=state.determinism)
+
+
+def check_loss(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step: int, loss: float) -> None:
+    verdict = w.losses.observe(step, loss)
+    if verdict is None:
+        return
+    ctx.emit(Ev.LOSS_ANOMALY, attempt=state.attempt, step=step, loss=loss, median=verdict.median, kind=verdict.kind,
+             reason=verdict.reason)
+    log.warning("loss anomaly at step %d: %s", step, verdict.reason)
+    if ctx.cfg.loss_policy == "stop" and state.stopped_reason is None:
+        state.stopped_reason = f"loss anomaly: {verdict.reason}"
+        state.stopped_by = "loss_policy"
+        notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "loss anomaly", ctx.cfg.term_timeout),
+                     ctx.clock.now())
+
+
+def _flooded(ctx: RunContext, now: float) -> bool:
+    probe = getattr(ctx.channel, "flooded", None)
+    try:
+        return bool(probe(now)) if callable(probe) else False
+    except Exception:
+        return False
+
+
+def check_health(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
+    if state.stop.phase is not StopPhase.RUNNING or state.hang:
+        return
+    if state.in_flight is not None:  # a long save is not a stall
+        w.progress.touch(now)
+        return
+    stall = w.progress.is_stalled(now, ctx.cfg.stall_timeout)
+    if stall is not None and _flooded(ctx, now):
+        if not w.flood_warned:
+            w.flood_warned = True
+            ctx.emit(Ev.WARNING, attempt=state.attempt, reason="channel flooded: no hang verdict while forged or "
+                     "excess datagrams arrive (heartbeats may have been dropped)", idle_s=stall.idle_s)
+            log.warning("control channel flooded: not judging a stall now")
+        return
+    if stall is not None:
+        state.hang = True
+        state.stall_reason = stall.reason
+        dump = child.dump_stacks(ctx.layout.paths.stack_dump(state.attempt), STACK_DUMP_SIGNAL)
+        ctx.emit(Ev.STALL, attempt=state.attempt, last_step=state.last_step, idle_s=stall.idle_s,
+                 reason=stall.reason, dump=dump)
+        log.error("stall: %s; %s", stall.reason, dump)
+        notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "stalled", min(ctx.cfg.term_timeout, 10.0)),
+                     ctx.clock.now())
+        return
+    slow = w.progress.slowdown(now, ctx.cfg.slowdown_fraction, ctx.cfg.slowdown_window)
+    if slow is not None and not state.slowdown_active:
+        state.slowdown_active = True
+        ctx.emit(Ev.SLOWDOWN, attempt=state.attempt, rate=slow.rate, median_rate=slow.median_rate,
+                 fraction=ctx.cfg.slowdown_fraction, nodes=sorted(state.nodes) or ctx.slurm_env.nodelist,
+                 reason=slow.reason)
+        log.warning("slowdown: %s", slow.reason)
+    elif slow is None and state.slowdown_active:
+        state.slowdown_active = False
+
+
+__all__ = ["ForceKill", "TICK", "monitor", "tick"]

@@ -1,0 +1,196 @@
+"""Stop notices and the stop machine's effects, carried out.
+
+A notice is acted on at once with what is known now: the newest Slurm job record the background
+view has (or the configured default grace when there is none), arbitrated against any save in
+flight. The real deadline is then asked for in the background and only ever moves the plan
+earlier. Which cause ended the attempt (preemption, time limit, a person's cancel) is settled
+after the child has ended, from a fresh job record (:func:`settle_cause`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from ..events import Ev
+from ..preemption import Notice, SaveHistory, after_block, arbitrate, notice_for
+from ..states import FailureClass
+from .attempt import AttemptState
+from .context import RunContext
+from .saves import remove_our_temp_files
+from .stop import (
+    AbortDue, AbortSave, Broadcast, DeadlineMoved, Effect, ForceKill, NoticeArrived, SignalGroup, StopAsked,
+    StopEvent, StopPhase, StopReason, WriteStopFile, advance,
+)
+
+log = logging.getLogger("supervisor.run")
+
+REFINE_INTERVAL = 0.3  # after a notice planned with the default grace: ask Slurm again this often ...
+REFINE_WINDOW = 10.0  # ... for this long
+
+
+def step(ctx: RunContext, child: Any, state: AttemptState, event: StopEvent, now: float) -> None:
+    """Advance the stop machine and carry out its effects."""
+    state.stop, effects = advance(state.stop, event, now)
+    for effect in effects:
+        apply(ctx, child, state, effect)
+
+
+def apply(ctx: RunContext, child: Any, state: AttemptState, effect: Effect) -> None:
+    if isinstance(effect, Broadcast):
+        ctx.broadcast(effect.kind, **effect.as_dict())
+    elif isinstance(effect, SignalGroup):
+        child.signal_group(effect.signum)
+    elif isinstance(effect, AbortSave):
+        path = state.in_flight.path if state.in_flight else None
+        ctx.broadcast("abort_save", path=path, reason=effect.why)
+        removed = remove_our_temp_files(Path(path)) if path else []
+        state.aborted_save = True
+        ctx.emit(Ev.SAVE_ABORTED, attempt=state.attempt, path=path, reason=effect.why,
+                 removed_temp=[str(p) for p in removed])
+        state.in_flight = None
+    elif isinstance(effect, WriteStopFile):
+        write_stop_file(ctx, state, effect.why, effect.deadline, ctx.clock.now())
+
+
+def write_stop_file(ctx: RunContext, state: AttemptState, reason: str, deadline: float | None, now: float) -> None:
+    """Clients on a shared filesystem see the stop even when datagrams cannot reach them."""
+    target = ctx.layout.paths.stop_file
+    data = {"reason": reason, "deadline": deadline, "signal": state.notice.signal if state.notice else None,
+            "ts": now, "attempt": state.attempt}
+    tmp = target.with_suffix(".tmp")
+    try:
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, target)
+    except OSError:
+        pass
+
+
+def on_signal(ctx: RunContext, child: Any, state: AttemptState, signum: int, received_at: float,
+              rate: float | None) -> None:
+    now = ctx.clock.now()
+    if signum == signal.SIGINT:
+        ctx.interrupts += 1
+        state.cancelled = True
+        if ctx.interrupts == 1:
+            log.warning("interrupted: stopping the child (Ctrl-C again to kill it)")
+            step(ctx, child, state, StopAsked(StopReason.INTERRUPT, "interrupted by a person", ctx.cfg.term_timeout,
+                                              signal.SIGINT), now)
+        else:
+            step(ctx, child, state, ForceKill("interrupted twice"), now)
+        return
+    if signum in ctx.notice_signals:
+        on_notice(ctx, child, state, "signal", signal.Signals(signum).name, received_at, rate)
+        return
+    child.signal_group(signum)  # anything else is the user's business: pass it on
+
+
+def on_notice(ctx: RunContext, child: Any, state: AttemptState, source: str, signal_name: str | None,
+              received_at: float, rate: float | None) -> None:
+    """Plan the stop now, with the job record already in hand; never wait for Slurm here."""
+    if state.notice is not None:
+        return  # one notice per attempt; later ones change nothing
+    pcfg = ctx.cfg.preemption
+    now = ctx.clock.now()
+    info = ctx.slurm.job_info()
+    notice, deadline = notice_for(source, received_at, info, pcfg.default_grace, signal_name=signal_name,  # type: ignore[arg-type]
+                                  time_limit_signal=pcfg.time_limit_signal, time_limit_warning=pcfg.time_limit_warning)
+    state.notice = notice
+    state.deadline_source = deadline.source
+    state.refine_until = now + REFINE_WINDOW
+    ctx.noticed = True
+    ctx.slurm.request_job_info()
+    ctx.emit(Ev.NOTICE, attempt=state.attempt, deadline_source=deadline.source, deadline_past=deadline.past,
+             reason=deadline.reason, **notice.to_event())
+    history = SaveHistory.from_events(_events(ctx), unknown_save_s=pcfg.unknown_save_s)
+    state.save_history = history
+    durable = state.last_durable_step
+    decision = arbitrate(now, deadline.at, pcfg.margin, state.in_flight, history,
+                         emergency_save_allowed=pcfg.emergency_save, client_connected=bool(state.clients),
+                         zero_code=not state.clients, step_time_s=(1.0 / rate) if rate else None,
+                         steps_since_save=(state.last_step - durable)
+                         if state.last_step is not None and durable is not None else None)
+    ctx.emit(Ev.ARBITRATION, attempt=state.attempt, **decision.to_event())
+    log.warning("stop notice (%s): %s", notice.signal or notice.source, decision.reason)
+    step(ctx, child, state, NoticeArrived(decision.decision, deadline.at, pcfg.margin, decision.reason,
+                                          cooperative=bool(state.clients)), now)
+
+
+def _events(ctx: RunContext) -> list[Any]:
+    from ..events import read_events
+
+    try:
+        return read_events(ctx.layout.paths.events).events
+    except OSError:
+        return []
+
+
+def refine_deadline(ctx: RunContext, state: AttemptState, now: float) -> None:
+    """Slurm may signal a step a moment before its job record shows PreemptTime/EndTime: a notice
+    planned with the default grace is re-planned once the real deadline is readable. Only earlier."""
+    if state.notice is None or state.deadline_source != "default_grace" or now >= state.refine_until:
+        return
+    info = ctx.slurm.job_info()
+    if info is None or not getattr(info, "preempt_time", None):
+        ctx.slurm.request_job_info()
+        return
+    pcfg = ctx.cfg.preemption
+    notice, deadline = notice_for(state.notice.source, state.notice.received_at, info, pcfg.default_grace,  # type: ignore[arg-type]
+                                  signal_name=state.notice.signal, time_limit_signal=pcfg.time_limit_signal,
+                                  time_limit_warning=pcfg.time_limit_warning)
+    state.deadline_source = deadline.source
+    if state.notice.deadline is not None and deadline.at >= state.notice.deadline:
+        return
+    state.notice = notice
+    state.stop, _ = advance(state.stop, DeadlineMoved(deadline.at, pcfg.margin), now)
+    ctx.emit(Ev.NOTICE, attempt=state.attempt, refined=True, deadline_source=deadline.source, reason=deadline.reason,
+             **notice.to_event())
+    log.warning("deadline refined from Slurm: %s", deadline.reason)
+
+
+def check_block(ctx: RunContext, child: Any, state: AttemptState, now: float) -> None:
+    """While blocking on a save: abort as soon as it is projected to overrun deadline - margin."""
+    if state.stop.phase is not StopPhase.BLOCKING or state.in_flight is None or state.stop.deadline is None:
+        return
+    history = state.save_history
+    expected = history.expected_remaining(state.in_flight, now) if history else None
+    check = after_block(now, state.stop.deadline, ctx.cfg.preemption.margin, state.in_flight.started_at, expected,
+                        in_flight=state.in_flight)
+    if not check.keep_blocking:
+        ctx.emit(Ev.ARBITRATION, attempt=state.attempt, **check.to_event())
+        step(ctx, child, state, AbortDue(check.reason), now)
+
+
+def poll_for_preemption(ctx: RunContext, child: Any, state: AttemptState, now: float, rate: float | None) -> None:
+    """Batch-shell layouts: only the srun step is signalled, so PreemptTime is watched as well."""
+    info = ctx.slurm.job_info()
+    ctx.slurm.request_job_info()
+    if info is not None and getattr(info, "preempt_time", None) and state.notice is None:
+        on_notice(ctx, child, state, "poll", None, now, rate)
+
+
+def settle_cause(notice: Notice | None, info: Any | None, status: int) -> tuple[FailureClass | None, str | None]:
+    """After the child ended: what the notice was, judged from Slurm's fresh job record.
+
+    A cancelled job (``JobState=CANCELLED`` without a PreemptTime) is a person's cancel whatever
+    signal arrived; so is a SIGTERM to a job that Slurm still shows RUNNING with no PreemptTime
+    and its time limit not reached (``scancel --signal=TERM``). Without a record the notice's own
+    reading stands (preemption, or a time limit for the ``--signal`` warning)."""
+    state = str(getattr(info, "state", "") or "").upper() if info is not None else ""
+    preempt = getattr(info, "preempt_time", None) if info is not None else None
+    if notice is None:
+        if state.startswith("CANCELLED") and not preempt and status != 0:
+            return FailureClass.CANCELLED, f"the job was cancelled (JobState={state}) while the child ran"
+        return None, None
+    if state.startswith("CANCELLED") and not preempt:
+        return FailureClass.CANCELLED, f"the job was cancelled (JobState={state}, no PreemptTime)"
+    if (info is not None and not preempt and state == "RUNNING" and notice.source == "signal"
+            and notice.signal == "TERM" and notice.failure_class is FailureClass.PREEMPTED):
+        return FailureClass.CANCELLED, ("SIGTERM while Slurm shows the job RUNNING with no PreemptTime and no time "
+                                        "limit reached: a person's scancel --signal=TERM")
+    cls = notice.failure_class
+    return cls, f"stop notice ({notice.signal or notice.source})"

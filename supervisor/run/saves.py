@@ -1,0 +1,170 @@
+"""Saves as the loop sees them: reported by the client, or seen in the checkpoint directory.
+
+Zero-code mode has no client, so the directory is watched: a temp file or a checkpoint whose
+size/mtime keeps changing is a save in flight (an in-place ``torch.save`` onto ``last.ckpt``
+included), and it is complete once the file stops changing. A save the watch saw late, or only in
+the final rescan after the child ended, still counts: the ledger's durable step must agree with
+the resume point the next attempt will choose. A completed save of a file with no step in its
+name (``last.ckpt``) carries the step read from inside it by the inert scan, never by unpickling.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..checkpoints import DirWatcher
+from ..checkpoints.naming import step_from_name
+from ..events import Ev
+from ..preemption import InFlightSave
+from .attempt import AttemptState, SaveRecord
+from .context import RunContext
+
+log = logging.getLogger("supervisor.run")
+
+WATCH_INTERVAL = 0.25  # seconds between checkpoint-directory polls
+STALE_TEMP_S = 30.0
+_OUR_TEMP = re.compile(r"^\..+\.tmp-(?P<pid>[0-9]+)-[0-9a-f]{8}$")
+
+
+def embedded_step(path: str) -> int | None:
+    """The training step stored inside a checkpoint, read by the inert scan (None when unknown)."""
+    try:
+        from ..checkpoints import embedded_step as read_step  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    try:
+        info = read_step(Path(path))
+    except Exception:
+        return None
+    step = getattr(info, "step", info)
+    return step if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**53 else None
+
+
+def step_of_saved(path: str) -> int | None:
+    """The step of a completed save: from its name, else from inside the file."""
+    step = step_from_name(Path(path).name)
+    return step if step is not None else embedded_step(path)
+
+
+def record_save(ctx: RunContext, state: AttemptState, step: Any, path: str, nbytes: Any, duration: Any,
+                ok: bool, source: str, now: float) -> None:
+    step_i = step if isinstance(step, int) and not isinstance(step, bool) else None
+    state.saves.append(SaveRecord(step_i, path, nbytes if isinstance(nbytes, int) else None,
+                                  float(duration) if isinstance(duration, (int, float)) else None, ok, source, now))
+    state.in_flight = None
+    ctx.emit(Ev.SAVE_END, attempt=state.attempt, step=step_i, path=path, bytes=nbytes, duration=duration, ok=ok,
+             source=source)
+
+
+def client_owns_saves(state: AttemptState) -> bool:
+    return any(s.source == "client" for s in state.saves) or (
+        state.in_flight is not None and state.in_flight.source == "client")
+
+
+def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: float) -> None:
+    """One poll of the checkpoint directory (zero-code mode only: a client reports its own saves)."""
+    try:
+        activity = watcher.poll(now)
+    except OSError:
+        return
+    if client_owns_saves(state):
+        return
+    for done in activity.completed:
+        record_save(ctx, state, step_of_saved(str(done.path)), str(done.path), done.bytes, done.duration, True,
+                    "watch", now)
+    if activity.in_flight and state.in_flight is None:
+        state.in_flight = InFlightSave(path=str(activity.path), step=None, started_at=activity.since or now,
+                                       bytes_so_far=activity.bytes, source="watch")
+        ctx.emit(Ev.SAVE_BEGIN, attempt=state.attempt, path=str(activity.path), source="watch")
+    elif activity.in_flight and state.in_flight is not None:
+        state.in_flight = InFlightSave(path=state.in_flight.path, step=state.in_flight.step,
+                                       started_at=state.in_flight.started_at, bytes_so_far=activity.bytes,
+                                       source=state.in_flight.source)
+    elif not activity.in_flight and state.in_flight is not None and state.in_flight.source == "watch":
+        state.in_flight = None
+
+
+def final_rescan(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: float) -> None:
+    """After the child ended: record step checkpoints that landed but were never seen complete.
+
+    Only files newer than the last durable step and not still written to (a file that is torn
+    is the next attempt's resume-point scan's business, which validates it)."""
+    if client_owns_saves(state):
+        return
+    watch_saves(ctx, watcher, state, now)
+    durable = state.last_durable_step
+    seen = {s.path for s in state.saves}
+    try:
+        entries = list(os.scandir(ctx.layout.ckpt_dir))
+    except OSError:
+        return
+    found: list[tuple[int, str, int]] = []
+    for entry in entries:
+        if entry.name.startswith((".", "CORRUPT_")) or entry.path in seen:
+            continue
+        step = step_from_name(entry.name)
+        if step is None or (durable is not None and step <= durable):
+            continue
+        if state.in_flight is not None and state.in_flight.path == entry.path:
+            continue  # it was still being written when the child died: not a save that landed
+        try:
+            size = entry.stat(follow_symlinks=False).st_size
+        except OSError:
+            continue
+        found.append((step, entry.path, size))
+    for step, path, size in sorted(found):
+        record_save(ctx, state, step, path, size, None, True, "rescan", now)
+
+
+def remove_stale_temp_files(ctx: RunContext, attempt_no: int, now: float) -> None:
+    """Temp files of our atomic writer whose writer is dead (a kill mid-save) would pile up,
+    checkpoint-sized, one per preemption. Only our own pattern, only when the writing pid is gone
+    from this host and the file has not changed for a while (a writer on another node keeps its
+    file fresh)."""
+    removed = []
+    try:
+        candidates = list(ctx.layout.ckpt_dir.glob(".*.tmp-*-*"))
+    except OSError:
+        return
+    for path in candidates:
+        match = _OUR_TEMP.match(path.name)
+        if not match or path.is_symlink() or not path.is_file():
+            continue
+        try:
+            idle = now - path.stat().st_mtime
+            if pid_alive(int(match.group("pid"))) or idle < STALE_TEMP_S:
+                continue
+            size = path.stat().st_size
+            path.unlink()
+            removed.append({"path": str(path), "bytes": size})
+        except (OSError, ValueError):
+            continue
+    if removed:
+        ctx.emit(Ev.WARNING, attempt=attempt_no, reason="removed temp files of dead writers", removed=removed)
+
+
+def remove_our_temp_files(target: Path) -> list[Path]:
+    """Remove temp files of our own atomic writer for ``target`` (``.<name>.tmp-*``), nothing else."""
+    removed = []
+    try:
+        for p in target.parent.glob(f".{target.name}.tmp-*"):
+            if p.is_file() and not p.is_symlink():
+                p.unlink()
+                removed.append(p)
+    except OSError:
+        pass
+    return removed
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True

@@ -1,0 +1,244 @@
+"""The seams of the run loop: what it receives instead of reaching for the world itself.
+
+The loop needs a clock that can also wait (woken early by signals), a way to start a child and
+watch it, the control channel, and a view of Slurm. Each is a small Protocol here with its real
+implementation beside it; ``tests/fakes.py`` implements the same Protocols with a fake clock, so
+loop behaviour is tested in milliseconds and deterministically.
+
+The Slurm view never blocks the loop: queries run on a worker thread with a timeout, and the loop
+reads the newest answer (or plans with the defaults when there is none yet). A slurmctld that does
+not answer must never delay acting on a notice.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+from ..child import Child, ChildExit, ChildSpec
+from ..signals import ReceivedSignal, SignalInbox
+
+log = logging.getLogger("supervisor.run")
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...
+
+
+class Waker(Protocol):
+    """Signals the supervisor received, and the loop's only way to wait (a signal ends the wait)."""
+
+    def drain(self) -> list[ReceivedSignal]: ...
+
+    def wait(self, timeout: float) -> None: ...
+
+
+class ChildHandle(Protocol):
+    """One running attempt of the training."""
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def poll(self) -> ChildExit | None: ...
+
+    def signal_group(self, sig: int) -> bool: ...
+
+    def drain_lines(self, max_lines: int) -> list[str]: ...
+
+    def tail_text(self) -> str: ...
+
+    def lines_not_analysed(self) -> tuple[int, int]: ...  # (dropped, cut)
+
+    def finish(self) -> None: ...
+
+    def dump_stacks(self, out_path: Path, dump_signal: int) -> str: ...
+
+
+ChildStarter = Callable[[ChildSpec], ChildHandle]
+
+
+class Channel(Protocol):
+    """The control channel's server side (``supervisor.control.ControlServer``)."""
+
+    @property
+    def address(self) -> str: ...
+
+    def poll(self, max_messages: int = 1024) -> list[Any]: ...
+
+    def broadcast(self, kind: Any, **fields: Any) -> int: ...
+
+
+class SlurmView(Protocol):
+    """What the loop asks Slurm, never blocking: answers arrive later through :meth:`job_info`."""
+
+    def request_job_info(self) -> None: ...
+
+    def job_info(self) -> Any | None: ...  # the newest JobInfo answered, or None
+
+    def job_info_now(self, timeout: float) -> Any | None: ...  # after the child ended: wait a bounded time
+
+    def version(self) -> tuple[int, ...] | None: ...
+
+    def requeue(self, expected_restarts: int | None, exclude: Sequence[str]) -> Any: ...
+
+
+# ------------------------------------------------------------------------------------------ real ones
+
+
+class SupervisorClock:
+    """Epoch seconds that never jump: the wall clock read once, advanced by the monotonic clock.
+
+    Every timeout of the supervisor (stall, backoff, TERM -> KILL, the grace deadline) runs on it,
+    so a clock step on the node (NTP, a VM resumed) neither kills a healthy child as hung nor
+    stretches a 3 s backoff into hours. Slurm's EndTime is compared against it as epoch seconds.
+    """
+
+    def __init__(self) -> None:
+        self._wall0, self._mono0 = time.time(), time.monotonic()
+
+    def __call__(self) -> float:
+        return self._wall0 + (time.monotonic() - self._mono0)
+
+    def now(self) -> float:
+        return self()
+
+
+class ProcessChild:
+    """:class:`supervisor.child.Child` seen through :class:`ChildHandle`."""
+
+    def __init__(self, spec: ChildSpec) -> None:
+        self._child = Child(spec)
+        self._child.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._child.pid
+
+    def poll(self) -> ChildExit | None:
+        return self._child.poll()
+
+    def signal_group(self, sig: int) -> bool:
+        return self._child.signal_group(sig)
+
+    def drain_lines(self, max_lines: int) -> list[str]:
+        lines = self._child.lines
+        drain = getattr(lines, "drain", None)
+        if drain is not None:
+            return [item[-1] for item in drain(max_lines)]
+        out: list[str] = []
+        for _ in range(max_lines):
+            try:
+                out.append(lines.get_nowait()[-1])
+            except queue.Empty:
+                break
+        return out
+
+    def tail_text(self) -> str:
+        return self._child.tail.text()
+
+    def lines_not_analysed(self) -> tuple[int, int]:
+        return self._child.line_stats.dropped, self._child.line_stats.cut
+
+    def finish(self) -> None:
+        self._child.finish()
+
+    def dump_stacks(self, out_path: Path, dump_signal: int) -> str:
+        return self._child.dump_stacks(out_path, dump_signal)
+
+    def stop(self, term_timeout: float) -> None:
+        self._child.stop(term_timeout)
+
+
+def start_process(spec: ChildSpec) -> ChildHandle:
+    return ProcessChild(spec)
+
+
+class InboxWaker:
+    """:class:`supervisor.signals.SignalInbox` as the loop's :class:`Waker`."""
+
+    def __init__(self, inbox: SignalInbox) -> None:
+        self._inbox = inbox
+
+    def drain(self) -> list[ReceivedSignal]:
+        return self._inbox.drain()
+
+    def wait(self, timeout: float) -> None:
+        self._inbox.wait(timeout)
+
+
+@dataclass
+class _Answer:
+    info: Any | None
+    at: float
+
+
+class BackgroundSlurm:
+    """Job-record queries on a worker thread, so a hung ``scontrol`` never holds the loop.
+
+    ``request_job_info`` queues a query unless one is under way; ``job_info`` returns the newest
+    answer. ``backend_factory`` is called on the worker thread the first time (a local run never
+    creates a backend at all).
+    """
+
+    def __init__(self, job_id: str | None, backend_factory: Callable[[], Any], query_timeout: float = 10.0) -> None:
+        self.job_id = job_id
+        self._factory = backend_factory
+        self._backend: Any = None
+        self._timeout = query_timeout
+        self._lock = threading.Lock()
+        self._latest: _Answer | None = None
+        self._busy = threading.Event()
+        self._done = threading.Event()
+        self._version: tuple[int, ...] | None = None
+
+    def _get_backend(self) -> Any:
+        if self._backend is None:
+            self._backend = self._factory()
+        return self._backend
+
+    def _query(self) -> None:
+        try:
+            info = self._get_backend().job_info(self.job_id)
+        except Exception as exc:  # Slurm unreachable: the loop plans with the default grace
+            log.warning("cannot read the Slurm job record: %s", exc)
+            info = None
+        with self._lock:
+            if info is not None:
+                self._latest = _Answer(info, time.monotonic())
+        self._busy.clear()
+        self._done.set()
+
+    def request_job_info(self) -> None:
+        if not self.job_id or self._busy.is_set():
+            return
+        self._busy.set()
+        self._done.clear()
+        threading.Thread(target=self._query, daemon=True, name="slurm-query").start()
+
+    def job_info(self) -> Any | None:
+        with self._lock:
+            return self._latest.info if self._latest else None
+
+    def job_info_now(self, timeout: float) -> Any | None:
+        """A fresh answer, waiting at most ``timeout`` seconds (the child has already ended)."""
+        if not self.job_id:
+            return None
+        self.request_job_info()
+        self._done.wait(timeout)
+        return self.job_info()
+
+    def version(self) -> tuple[int, ...] | None:
+        if self._version is None and self.job_id:
+            try:
+                self._version = tuple(self._get_backend().version())
+            except Exception:
+                return None
+        return self._version
+
+    def requeue(self, expected_restarts: int | None, exclude: Sequence[str]) -> Any:
+        return self._get_backend().requeue(self.job_id, expected_restarts=expected_restarts, exclude=list(exclude))

@@ -1,0 +1,269 @@
+"""The stop state machine: how an attempt is brought to an end once something asks it to stop.
+
+One enum (:class:`StopPhase`), one frozen state (:class:`StopState`), and one pure function
+(:func:`advance`) that takes the state, an event and ``now`` and returns the next state plus the
+effects the loop must carry out (broadcast to clients, signal the child's process group, abort a
+save, write the stop file). Nothing here touches a process or a clock.
+
+::
+
+    RUNNING --notice: block--------------> BLOCKING --save landed---------> TERMINATING
+       |    --notice: emergency save-----> SAVING   --save landed / due---> TERMINATING
+       |    --notice: stop now / policy--> TERMINATING --kill_at----------> KILLING
+       |    --notice: abort / force kill-> KILLING  (SIGKILL, repeated every second)
+       |                                   BLOCKING --overrun / due: abort--> KILLING
+
+``TERMINATING`` sends the graceful signal once (SIGTERM, or SIGINT for a person's Ctrl-C) and
+waits until ``kill_at``. A *cooperative* child (a client is connected: it saves and exits on
+``should_stop()``) may use the time up to the deadline; an unchanged child gets a short wait,
+since its notice signals are ignored (see :mod:`supervisor.run.layout`) and nothing it does after
+the notice can be kept.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Any, Union
+
+from ..states import SaveDecision
+
+BROADCAST_EVERY = 0.5  # seconds: UDP may drop a datagram, so the stop is repeated until the child is gone
+KILL_EVERY = 1.0  # seconds between SIGKILLs while the group still has members
+UNCHANGED_EXIT_WAIT = 2.0  # seconds an unchanged (client-less) child gets between SIGTERM and SIGKILL
+
+
+class StopPhase(str, Enum):
+    RUNNING = "running"  # nobody asked for a stop
+    BLOCKING = "blocking"  # a notice came during a save that fits: let it land, then stop
+    SAVING = "saving"  # an emergency save was asked for: wait for it (until deadline - margin)
+    TERMINATING = "terminating"  # the graceful signal is sent; SIGKILL at kill_at
+    KILLING = "killing"  # SIGKILL sent; repeated until the child is gone
+
+
+class StopReason(str, Enum):
+    PREEMPTION = "preemption"  # a notice: preemption, time limit or cancel (the loop tells which later)
+    POLICY = "policy"  # the supervisor's own decision: resume audit, loss anomaly, stall
+    INTERRUPT = "interrupt"  # a person's Ctrl-C
+
+
+@dataclass(frozen=True)
+class StopState:
+    phase: StopPhase = StopPhase.RUNNING
+    reason: StopReason | None = None
+    why: str = ""  # a person-readable reason, carried into broadcasts
+    deadline: float | None = None  # the hard deadline (Slurm's, or a policy's)
+    usable: float | None = None  # deadline - margin: saves must be done by then
+    kill_at: float | None = None  # TERMINATING: when SIGKILL follows
+    next_broadcast: float = 0.0
+    next_kill: float = 0.0
+    cooperative: bool = False  # a client is connected: it can be told to save and exit
+
+    @property
+    def stopping(self) -> bool:
+        return self.phase is not StopPhase.RUNNING
+
+
+# ------------------------------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True)
+class NoticeArrived:
+    """A stop notice, already arbitrated (``preemption.arbitrate``) against any save in flight."""
+
+    decision: SaveDecision
+    deadline: float
+    margin: float
+    why: str
+    cooperative: bool
+
+
+@dataclass(frozen=True)
+class StopAsked:
+    """The supervisor (a policy) or a person asks the child to stop within ``grace`` seconds."""
+
+    reason: StopReason
+    why: str
+    grace: float
+    graceful_signal: int = signal.SIGTERM
+
+
+@dataclass(frozen=True)
+class ForceKill:
+    """Kill now: a second Ctrl-C, a hung child after its stacks were dumped."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class SaveLanded:
+    """The save being waited for ended (successfully or not)."""
+
+
+@dataclass(frozen=True)
+class AbortDue:
+    """While blocking, the save is projected to overrun deadline - margin (``preemption.after_block``)."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class DeadlineMoved:
+    """Slurm's real deadline became readable and is earlier than the one planned with."""
+
+    deadline: float
+    margin: float
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passes. ``save_in_flight``: whether a save is still being written."""
+
+    save_in_flight: bool = False
+
+
+StopEvent = Union[NoticeArrived, StopAsked, ForceKill, SaveLanded, AbortDue, DeadlineMoved, Tick]
+
+
+# ------------------------------------------------------------------------------------------ effects
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    kind: str  # a control-channel kind: stop, save_now, abort_save
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.fields)
+
+
+@dataclass(frozen=True)
+class SignalGroup:
+    signum: int
+
+
+@dataclass(frozen=True)
+class AbortSave:
+    """Stop the writer now: tell it, remove our temp files, record ``save_aborted``."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class WriteStopFile:
+    why: str
+    deadline: float | None
+
+
+Effect = Union[Broadcast, SignalGroup, AbortSave, WriteStopFile]
+
+
+def _stop_broadcast(state: StopState, **extra: Any) -> Broadcast:
+    fields = {"reason": state.reason.value if state.reason else "stop", "deadline": state.deadline, **extra}
+    return Broadcast("stop", tuple(fields.items()))
+
+
+def _terminate(state: StopState, now: float, graceful_signal: int = signal.SIGTERM,
+               wait: float | None = None) -> tuple[StopState, tuple[Effect, ...]]:
+    """Send the graceful signal once and set when SIGKILL follows."""
+    if wait is None:
+        wait = UNCHANGED_EXIT_WAIT if not state.cooperative else max((state.deadline or now) - now, 0.0)
+    kill_at = now + wait
+    if state.deadline is not None:
+        kill_at = min(kill_at, state.deadline)
+    nxt = replace(state, phase=StopPhase.TERMINATING, kill_at=kill_at, next_broadcast=now + BROADCAST_EVERY)
+    return nxt, (_stop_broadcast(nxt), SignalGroup(graceful_signal))
+
+
+def _kill(state: StopState, now: float, *extra: Effect) -> tuple[StopState, tuple[Effect, ...]]:
+    nxt = replace(state, phase=StopPhase.KILLING, next_kill=now + KILL_EVERY, kill_at=now)
+    return nxt, (*extra, SignalGroup(signal.SIGKILL))
+
+
+def advance(state: StopState, event: StopEvent, now: float) -> tuple[StopState, tuple[Effect, ...]]:
+    """The next stop state and the effects to carry out, for ``event`` at ``now``."""
+    if isinstance(event, NoticeArrived):
+        return _on_notice(state, event, now)
+    if isinstance(event, StopAsked):
+        return _on_stop_asked(state, event, now)
+    if isinstance(event, ForceKill):
+        if state.phase is StopPhase.KILLING:
+            return state, ()
+        return _kill(replace(state, why=state.why or event.why), now)
+    if isinstance(event, SaveLanded):
+        if state.phase in (StopPhase.BLOCKING, StopPhase.SAVING):
+            wait = None
+            if state.phase is StopPhase.SAVING and state.cooperative:
+                wait = max((state.deadline or now) - now, 0.0)
+            return _terminate(state, now, wait=wait)
+        return state, ()
+    if isinstance(event, AbortDue):
+        if state.phase is StopPhase.BLOCKING:
+            return _kill(state, now, AbortSave(event.why))
+        return state, ()
+    if isinstance(event, DeadlineMoved):
+        return _on_deadline_moved(state, event, now)
+    return _on_tick(state, event, now)
+
+
+def _on_notice(state: StopState, event: NoticeArrived, now: float) -> tuple[StopState, tuple[Effect, ...]]:
+    usable = event.deadline - event.margin
+    if state.stopping:
+        # Already stopping (a person's Ctrl-C, a policy stop): the notice only brings the end closer.
+        deadline = event.deadline if state.deadline is None else min(state.deadline, event.deadline)
+        kill_at = state.kill_at if state.kill_at is None else min(state.kill_at, deadline)
+        return replace(state, deadline=deadline, kill_at=kill_at), ()
+    base = replace(state, reason=StopReason.PREEMPTION, why=event.why, deadline=event.deadline, usable=usable,
+                   cooperative=event.cooperative)
+    stop_file = WriteStopFile("preemption", event.deadline)
+    if event.decision is SaveDecision.BLOCK:
+        nxt = replace(base, phase=StopPhase.BLOCKING, next_broadcast=now + BROADCAST_EVERY)
+        return nxt, (stop_file, _stop_broadcast(nxt, after_save=True))
+    if event.decision is SaveDecision.ABORT:
+        nxt, effects = _kill(base, now, AbortSave(event.why))
+        return nxt, (stop_file, _stop_broadcast(nxt), *effects)
+    if event.decision is SaveDecision.EMERGENCY_SAVE:
+        nxt = replace(base, phase=StopPhase.SAVING, next_broadcast=now + BROADCAST_EVERY)
+        return nxt, (stop_file, Broadcast("save_now", (("deadline", usable),)), _stop_broadcast(nxt))
+    nxt, effects = _terminate(base, now)
+    return nxt, (stop_file, *effects)
+
+
+def _on_stop_asked(state: StopState, event: StopAsked, now: float) -> tuple[StopState, tuple[Effect, ...]]:
+    if state.stopping:
+        return state, ()
+    deadline = now + event.grace
+    base = replace(state, reason=event.reason, why=event.why, deadline=deadline, usable=deadline,
+                   cooperative=True)
+    return _terminate(base, now, event.graceful_signal, wait=event.grace)
+
+
+def _on_deadline_moved(state: StopState, event: DeadlineMoved, now: float) -> tuple[StopState, tuple[Effect, ...]]:
+    if state.deadline is not None and event.deadline >= state.deadline:
+        return state, ()
+    usable = event.deadline - event.margin
+    kill_at = state.kill_at if state.kill_at is None else min(state.kill_at, event.deadline)
+    nxt = replace(state, deadline=event.deadline, usable=usable, kill_at=kill_at, next_broadcast=now)
+    return nxt, ()
+
+
+def _on_tick(state: StopState, event: Tick, now: float) -> tuple[StopState, tuple[Effect, ...]]:
+    phase = state.phase
+    if phase is StopPhase.RUNNING:
+        return state, ()
+    if phase is StopPhase.KILLING:
+        if now >= state.next_kill:
+            return replace(state, next_kill=now + KILL_EVERY), (SignalGroup(signal.SIGKILL),)
+        return state, ()
+    if phase is StopPhase.BLOCKING and state.usable is not None and now >= state.usable:
+        return _kill(state, now, AbortSave("the save was still running at deadline - margin"))
+    if phase is StopPhase.SAVING and state.usable is not None and now >= state.usable:
+        if event.save_in_flight:
+            return _kill(state, now, AbortSave("the emergency save did not finish before deadline - margin"))
+        return _terminate(state, now)
+    if phase is StopPhase.TERMINATING and state.kill_at is not None and now >= state.kill_at:
+        return _kill(state, now)
+    if now >= state.next_broadcast:
+        return replace(state, next_broadcast=now + BROADCAST_EVERY), (_stop_broadcast(state),)
+    return state, ()
