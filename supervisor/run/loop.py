@@ -58,12 +58,12 @@ class Runner:
 
     ``clock``, ``waker``, ``start_child``, ``slurm`` and ``channel`` are the seams; left out, the
     real ones are used (the supervisor's monotonic clock, the signal inbox, real processes, Slurm's
-    CLI on a worker thread, the UDP control channel)."""
+    CLI on a worker thread, the UDP control channel). ``manifests``: write provenance per attempt."""
 
     def __init__(self, cfg: SupervisorConfig, argv: Sequence[str], *, environ: Mapping[str, str] | None = None,
                  cwd: Path | None = None, echo: bool = True, clock: Clock | None = None,
                  waker: Waker | None = None, start_child: ChildStarter | None = None,
-                 slurm: SlurmView | None = None, channel: Any = None) -> None:
+                 slurm: SlurmView | None = None, channel: Any = None, manifests: bool = True) -> None:
         if not argv:
             raise UsageError("missing the training command after '--' (e.g. supervise run -- python train.py)")
         env = dict(os.environ if environ is None else environ)
@@ -77,6 +77,7 @@ class Runner:
             self._inbox = SignalInbox(sigs, clock=self._clock.now)
             waker = InboxWaker(self._inbox)
         self._own_channel = channel is None
+        self._manifests = manifests
         self.ctx = RunContext(cfg=cfg, argv=list(argv), environ=env, layout=layout_for(cfg, argv, env, cwd),
                               slurm_env=slurm_env, clock=self._clock, waker=waker,
                               start_child=start_child or start_process,
@@ -116,7 +117,7 @@ class Runner:
         lock = RunLock(self.paths.lock, self.paths.lock_owner)
         lock.acquire(ctx.environ)
         try:
-            ctx.events = EventLog(self.paths.events)
+            ctx.events = EventLog(self.paths.events, clock=self._clock.now)
             if self._own_channel:
                 server = ControlServer(new_token(), environ=ctx.environ)
                 server.start()
@@ -204,7 +205,7 @@ class Runner:
                  nodes=list(ctx.slurm_env.node_names) or None, resume_path=state.resume_path,
                  resume_step=state.resume_step)
         log.info("attempt %d started (pid %s): %s", state.attempt, child.pid, " ".join(plan.argv))
-        if self._own_channel:
+        if self._manifests:
             self._write_manifest_async(state, list(plan.argv))
         return child
 
