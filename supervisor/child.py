@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import secrets
 import shutil
 import signal
 import subprocess
@@ -22,22 +23,124 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-# Set PDEATHSIG=SIGKILL, make sure the supervisor did not die before that, then become the command.
+# The launcher shim (``python -S -c _SHIM PPID SHIELD WATCH_FD MARKER CMD...``), run in the child's new
+# session before it becomes the training command:
+#   1. PDEATHSIG=SIGKILL for itself, and exit if the supervisor is already gone;
+#   2. fork the watchdog (below), unless WATCH_FD is -1;
+#   3. set the SHIELD signals (comma-separated numbers) to SIG_IGN: an ignored disposition survives
+#      exec and fork, so the command and its subprocesses ignore them until they install handlers;
+#   4. export MARKER as $SUPERVISOR_PROCESS_TREE (inherited by the whole tree) and exec the command.
+# The watchdog stays in the training's process group (so the group id cannot be reused while it
+# lives), ignores every signal it can, holds nothing open but the read end of a pipe whose write end
+# only the supervisor holds, and blocks reading it: no CPU while the training runs. A byte on the pipe
+# means "released" (the attempt ended normally): it exits. End of file without that byte means the
+# supervisor died, by any means: it SIGKILLs every process carrying MARKER in its environment (those
+# that left the group with setsid) and then its own process group, itself included.
 _SHIM = r"""
-import ctypes, os, sys
-ppid = int(sys.argv[1])
+import ctypes, os, signal, sys
+ppid, shield, watch_fd, marker = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+cmd = sys.argv[5:]
 try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
 except Exception:
-    pass
+    libc = None
 if os.getppid() != ppid:
     os._exit(137)
+
+
+def kill_marked(needle, me):
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as fh:
+                found = needle in fh.read()
+            if found:
+                os.kill(int(name), signal.SIGKILL)
+        except Exception:
+            pass
+
+
+def watchdog(fd):
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            try:
+                signal.signal(sig, signal.SIG_IGN)
+            except (OSError, ValueError, RuntimeError):
+                pass
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(null, target)
+    os.closerange(3, fd)
+    os.closerange(fd + 1, 65536)
+    os.chdir("/")
+    if libc is not None:
+        try:
+            libc.prctl(15, b"supervise-watch", 0, 0, 0)  # PR_SET_NAME
+        except Exception:
+            pass
+    while True:
+        try:
+            data = os.read(fd, 64)
+        except InterruptedError:
+            continue
+        except OSError:
+            data = b""
+        if data:
+            os._exit(0)  # released: the attempt ended under a live supervisor
+        break
+    needle = ("SUPERVISOR_PROCESS_TREE=%s" % marker).encode()
+    for _ in range(3):  # processes that left the group may fork while we look
+        kill_marked(needle, os.getpid())
+    os.killpg(0, signal.SIGKILL)
+    os._exit(0)
+
+
+if watch_fd >= 0:
+    try:
+        pid = os.fork()
+    except OSError:
+        pid = -1
+    if pid == 0:
+        try:
+            watchdog(watch_fd)
+        finally:
+            os._exit(0)
+    os.close(watch_fd)
+for number in shield.split(","):
+    if number:
+        signal.signal(int(number), signal.SIG_IGN)
+os.environ["SUPERVISOR_PROCESS_TREE"] = marker
 try:
-    os.execvp(sys.argv[2], sys.argv[2:])
+    os.execvp(cmd[0], cmd)
 except OSError as exc:
-    sys.stderr.write("supervise: cannot start %r: %s\n" % (sys.argv[2], exc.strerror))
+    sys.stderr.write("supervise: cannot start %r: %s\n" % (cmd[0], exc.strerror))
     os._exit(127)
 """
+LOG_MODE = 0o640  # attempt logs hold the training's output: owner and group, never other users
+TREE_ENV = "SUPERVISOR_PROCESS_TREE"  # set by the shim in the child's environment: the tree's marker
+_RELEASE = b"R"  # written to the watchdog's pipe at a normal end: "exit quietly"
+_PR_SET_CHILD_SUBREAPER = 36
+_subreaper: bool | None = None
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    Why: the watchdog and the training's stragglers outlive the training's main process; orphans
+    normally go to PID 1, which in a container without an init never reaps them (zombies). As their
+    reaper, :meth:`Child.finish` collects them. Idempotent; False where the kernel refuses."""
+    global _subreaper
+    if _subreaper is None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            _subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        except (OSError, AttributeError):
+            _subreaper = False
+    return _subreaper
 
 
 @dataclass(frozen=True)
@@ -52,6 +155,14 @@ class ChildSpec:
     max_line_bytes: int = 65536
     line_queue_size: int = 20000
     echo: bool = True  # copy the child's output to our own stdout/stderr unchanged
+    # Signals the child starts with ignored (SIG_IGN survives exec). Under srun, Slurm sends SIGTERM
+    # to every process of the step at a preemption notice: shielded, an unchanged training script
+    # lives on until the supervisor, which decides, ends it. A script that installs its own handler
+    # replaces SIG_IGN and receives the signal as before.
+    shield_signals: tuple[int, ...] = ()
+    # Fork a watchdog that SIGKILLs the child's process group (and the processes that left it) when
+    # the supervisor dies by any means, SIGKILL included. Costs one idle process per attempt.
+    watchdog: bool = True
 
 
 @dataclass(frozen=True)
@@ -184,6 +295,8 @@ class Child:
         self._log_lock = threading.Lock()
         self._started_at = 0.0
         self._exit: ChildExit | None = None
+        self._watch_w = -1  # write end of the watchdog's pipe: closing it without a byte kills the tree
+        self.tree_marker = ""
 
     @property
     def pid(self) -> int | None:
@@ -199,19 +312,34 @@ class Child:
     def start(self) -> None:
         spec = self.spec
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(spec.log_path, "ab", buffering=0)  # noqa: SIM115 - closed by finish()
-        shim = [sys.executable, "-S", "-c", _SHIM, str(os.getpid())]
+        fd = os.open(spec.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, LOG_MODE)
+        self._log = open(fd, "ab", buffering=0)  # noqa: SIM115 - closed by finish()
+        watch_r = -1
+        if spec.watchdog:
+            become_subreaper()
+            watch_r, self._watch_w = os.pipe()  # both ends close-on-exec; watch_r is passed on below
+        self.tree_marker = secrets.token_hex(16)
+        shield = ",".join(str(int(s)) for s in spec.shield_signals)
+        shim = [sys.executable, "-S", "-c", _SHIM, str(os.getpid()), shield, str(watch_r), self.tree_marker]
         self._started_at = time.monotonic()
-        self._proc = subprocess.Popen(
-            shim + list(spec.argv),
-            env=dict(spec.env),
-            cwd=spec.cwd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-        )
+        try:
+            self._proc = subprocess.Popen(
+                shim + list(spec.argv),
+                env=dict(spec.env),
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(watch_r,) if watch_r >= 0 else (),
+            )
+        except BaseException:
+            self._release_watchdog()
+            raise
+        finally:
+            if watch_r >= 0:
+                os.close(watch_r)  # only the child's watchdog keeps the read end
         for stream, name, echo_fd in ((self._proc.stdout, "stdout", 1), (self._proc.stderr, "stderr", 2)):
             t = threading.Thread(target=self._pump, args=(stream, name, echo_fd), daemon=True,
                                  name=f"child-{name}")
@@ -323,7 +451,8 @@ class Child:
         return exit_
 
     def finish(self, reader_timeout: float = 5.0) -> None:
-        """After the exit: reap stragglers of the group, drain the readers, close the log."""
+        """After the exit: reap stragglers of the group, drain the readers, close the log, release
+        the watchdog (it exits instead of killing) and reap it."""
         # Grandchildren (data-loader workers, srun helpers) may still hold the pipes open.
         if any(t.is_alive() for t in self._readers):
             time.sleep(0.05)
@@ -335,6 +464,37 @@ class Child:
             if self._log:
                 self._log.close()
                 self._log = None
+        self._release_watchdog()
+        self._reap_group()
+
+    def _release_watchdog(self) -> None:
+        fd, self._watch_w = self._watch_w, -1
+        if fd < 0:
+            return
+        try:
+            os.write(fd, _RELEASE)
+        except OSError:
+            pass  # the watchdog is gone already (the group was SIGKILLed): nothing to release
+        finally:
+            os.close(fd)
+
+    def _reap_group(self, timeout: float = 1.0) -> None:
+        """Collect the group's members that became our children (we are their subreaper): the
+        released watchdog, and stragglers once dead. Never touches other children of ours."""
+        if self._proc is None or self.poll() is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                reaped = os.waitid(os.P_PGID, self._proc.pid, os.WEXITED | os.WNOHANG)
+            except ChildProcessError:
+                return  # none left
+            except OSError:
+                return
+            if reaped is None:  # members remain, none has exited yet
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.01)
 
     def dump_stacks(self, out_path: Path, dump_signal: int) -> str:
         """Record the child's Python stacks: py-spy when installed, else ask the client's faulthandler."""
