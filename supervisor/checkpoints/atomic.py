@@ -1,8 +1,9 @@
 """Atomic, durable checkpoint writes for the training side. STDLIB ONLY at import time: the
 client imports this module inside the training process; torch is imported lazily in
-:func:`atomic_torch_save`, supervisor modules lazily in :func:`prune`.
+:func:`atomic_torch_save`. Retention (deleting old checkpoints, which validates them) is
+:mod:`supervisor.checkpoints.prune`.
 
-The recipe (research/checkpoint-formats.md §5.1): write ``<dir>/.<name>.tmp-<pid>-<rand>`` in the
+The recipe: write ``<dir>/.<name>.tmp-<pid>-<rand>`` in the
 SAME directory (a rename is atomic only within one filesystem), flush + fsync (so the rename
 cannot reach disk before the data: ext4 delalloc, NFS writeback), ``os.replace`` (replaces a
 symlink itself, never writes through it), fsync the directory (so the rename survives a crash).
@@ -17,10 +18,7 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Iterable, Iterator
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .retention import PrunePlan
+from typing import Any, BinaryIO, Iterator
 
 _COPY_CHUNK = 16 << 20
 
@@ -111,35 +109,3 @@ def update_last(step_path: str | os.PathLike[str], last_path: str | os.PathLike[
         raise
     fsync_dir(last_path.parent)
     return "link"
-
-
-def prune(
-    ckpt_dir: str | os.PathLike[str],
-    keep: int,
-    protect: Iterable[str | os.PathLike[str]] = (),
-    *,
-    dry_run: bool = False,
-) -> "PrunePlan":
-    """Delete old step checkpoints beyond the newest ``keep`` VALID ones.
-
-    Never leaves fewer than two VALID checkpoints, never deletes a protected path (the resume
-    point) or the target of a ``last`` symlink, never deletes anything that is not VALID or not a
-    regular file whose name carries a step. Returns the plan that was carried out; files that
-    could not be deleted are listed in ``plan.failed``."""
-    from .retention import plan_prune  # lazily: keeps this module stdlib-only and cheap
-    from .scan import scan
-
-    plan = plan_prune(scan(ckpt_dir), keep, [os.fspath(p) for p in protect])
-    if dry_run:
-        return plan
-    failed = []
-    for path in plan.delete:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            failed.append(f"{path}: {exc.strerror or exc}")
-    if plan.delete:
-        fsync_dir(ckpt_dir)
-    return plan.with_failures(tuple(failed))

@@ -28,6 +28,7 @@ log = logging.getLogger("supervisor.run")
 
 TICK = 0.05  # seconds between monitor passes; signals and exits wake the loop sooner
 LINES_PER_TICK = 5000
+JOB_RECORD_REFRESH = 60.0  # seconds between background reads of the job record
 MAX_STEP = 2**53  # a step beyond this is not a step (and must never overflow arithmetic)
 
 
@@ -41,6 +42,7 @@ class Watch:
     watcher: DirWatcher
     next_watch: float = 0.0
     next_poll: float = 0.0
+    next_refresh: float = 0.0
     flood_warned: bool = False
 
 
@@ -81,6 +83,11 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
         if sig.signum in ctx.notice_signals and state.notice is None:
             watch_saves(ctx, w.watcher, state, now)  # an in-place save may have begun since the last poll
         notices.on_signal(ctx, child, state, sig.signum, sig.received_at, w.progress.rate(now))
+    if ctx.slurm_env.job_id and now >= w.next_refresh:
+        # Keep a recent job record at hand (EndTime, the time limit), so a notice is planned with the
+        # real deadline at once instead of waiting for Slurm when it arrives.
+        w.next_refresh = now + JOB_RECORD_REFRESH
+        ctx.slurm.request_job_info()
     if (ctx.cfg.preemption.poll_interval > 0 and ctx.slurm_env.job_id and state.notice is None
             and now >= w.next_poll):
         w.next_poll = now + ctx.cfg.preemption.poll_interval

@@ -1,0 +1,164 @@
+"""Import layering, read from the source (AST), so the design the folder layout shows stays true.
+
+* The training side (``client``, ``control``'s wire format, ``integrations``, ``determinism``,
+  ``checkpoints/atomic``) runs inside the user's training process: it imports only the standard
+  library, itself, and (lazily) the framework it serves. Never click, yaml, tenacity, filelock.
+* The supervisor's modules form layers: leaves < decisions < adapters < run < cli. A module may
+  import its own layer or lower ones, never higher (imports under ``if TYPE_CHECKING:`` excepted).
+* No import cycles between modules at import time.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "supervisor"
+
+TRAINING_SIDE = {"supervisor.client", "supervisor.control", "supervisor.determinism", "supervisor.checkpoints.atomic",
+                 "supervisor.integrations", "supervisor.integrations.lightning", "supervisor.integrations.hf"}
+FRAMEWORKS = {"torch", "numpy", "lightning", "lightning_fabric", "pytorch_lightning", "transformers", "accelerate"}
+
+LEAVES, DECISIONS, ADAPTERS, RUN, CLI = range(5)
+LAYER_NAMES = ["leaves", "decisions", "adapters", "run", "cli"]
+
+# Modules not listed default to ADAPTERS (they do I/O); the lists name the exceptions.
+LEAF_MODULES = {
+    "supervisor", "supervisor.states", "supervisor.errors", "supervisor.paths", "supervisor.signals",
+    "supervisor.events", "supervisor.progress", "supervisor.control", "supervisor.checkpoints.fsio",
+    "supervisor.slurm.version",
+    "supervisor.checkpoints.naming", "supervisor.checkpoints.formats", "supervisor.checkpoints.outcome",
+    "supervisor.checkpoints.limits", "supervisor.checkpoints.allowlist", "supervisor.slurm.env",
+    "supervisor.slurm.parse", "supervisor.client", "supervisor.determinism", "supervisor.checkpoints.atomic",
+}
+DECISION_MODULES = {
+    "supervisor.config",  # the policy and budget tables the decisions are parameterised by
+    "supervisor.policy", "supervisor.budget", "supervisor.ledger", "supervisor.preemption",
+    "supervisor.failures", "supervisor.failures.patterns", "supervisor.failures.scan", "supervisor.failures.classify",
+    "supervisor.checkpoints.resume", "supervisor.slurm.requeue_policy", "supervisor.slurm.stop_cause",
+    "supervisor.run.stop", "supervisor.run.judge", "supervisor.run.layout", "supervisor.report.model",
+    "supervisor.report.drift",
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer_of(name: str) -> int:
+    if name in ("supervisor.cli", "supervisor.__main__") or name.startswith("supervisor.cli."):
+        return CLI
+    if name.startswith("supervisor.run"):
+        return RUN if name not in DECISION_MODULES else DECISIONS
+    if name in LEAF_MODULES or name.startswith("supervisor.integrations"):
+        return LEAVES
+    if name in DECISION_MODULES:
+        return DECISIONS
+    return ADAPTERS
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
+    """Absolute module names this file imports (relative imports resolved)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+
+    def visit(node: ast.AST, nested: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            inner = nested or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if top_level_only and inner:
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (child.level - 1)]
+                    mod = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    mod = child.module or ""
+                found.add(mod)
+                for alias in child.names:  # "from . import client" names a module
+                    candidate = f"{mod}.{alias.name}"
+                    if _exists(candidate):
+                        found.add(candidate)
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def _exists(module: str) -> bool:
+    rel = Path(*module.split("."))
+    return (PKG.parent / rel).with_suffix(".py").exists() or (PKG.parent / rel / "__init__.py").exists()
+
+
+def all_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in PKG.rglob("*.py") if "sbatch_templates" not in p.parts}
+
+
+def test_training_side_imports_only_the_stdlib_and_its_framework() -> None:
+    bad = []
+    for name, path in all_modules().items():
+        if name not in TRAINING_SIDE:
+            continue
+        for imp in imports_of(path):
+            top = imp.split(".")[0]
+            if top == "supervisor":
+                if imp not in TRAINING_SIDE and imp != "supervisor":
+                    bad.append(f"{name} imports {imp}")
+            elif top not in sys.stdlib_module_names and top not in FRAMEWORKS and top != "__future__":
+                bad.append(f"{name} imports {imp} (not stdlib)")
+    assert not bad, "training-side modules must stay stdlib-only:\n" + "\n".join(bad)
+
+
+def test_layers_import_only_downwards() -> None:
+    bad = []
+    for name, path in all_modules().items():
+        mine = layer_of(name)
+        for imp in imports_of(path):
+            if not imp.startswith("supervisor") or not _exists(imp):
+                continue
+            theirs = layer_of(imp)
+            if theirs > mine and imp != "supervisor":
+                bad.append(f"{name} ({LAYER_NAMES[mine]}) imports {imp} ({LAYER_NAMES[theirs]})")
+    assert not bad, "imports that go up a layer:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_cycles_at_import_time() -> None:
+    graph = {name: {i for i in imports_of(path, top_level_only=True) if i.startswith("supervisor") and _exists(i)
+                    and i != name}
+             for name, path in all_modules().items()}
+    # A package's __init__ importing its own submodules is how packages work, not a cycle.
+    for name in graph:
+        graph[name] = {i for i in graph[name] if not name.startswith(i + ".")}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}
+
+    def dfs(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt])
+            elif nxt not in state:
+                dfs(nxt, stack + [nxt])
+        state[node] = 2
+
+    for start in sorted(graph):
+        if start not in state:
+            dfs(start, [start])
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
