@@ -30,7 +30,27 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-_FLAGS = re.IGNORECASE
+# Steps are bounded integers: anything the loop computes from them (rates, steps lost, float
+# conversions) stays exact and can never overflow. Out-of-range values are ignored and counted.
+MAX_STEP = 2**53  # exclusive; the largest integer a float still holds exactly
+_MAX_STEP_DIGITS = len(str(MAX_STEP))
+
+# re.ASCII: \d is [0-9] only. Without it \d matches Arabic-Indic and other Unicode digits, which
+# int() then reads as a number.
+_FLAGS = re.IGNORECASE | re.ASCII
+
+
+def step_from_text(text: str | None) -> int | None:
+    """``text`` as a step when it is 1-16 ASCII digits below :data:`MAX_STEP`, else None."""
+    if not text or len(text) > _MAX_STEP_DIGITS or not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value if value < MAX_STEP else None
+
+
+def valid_step(value: object) -> bool:
+    """An int (not a bool) with 0 <= value < :data:`MAX_STEP`."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_STEP
 
 # (name, regex, scope). scope: "global" = a global step; "counter" = a global step unless the line
 # names an epoch; "progress" = progress only. Each regex has the named group "n" (the counter).
@@ -91,10 +111,15 @@ class StepMatch:
 
 
 class StepExtractor:
-    """Finds the step counter in one line of output, by the user's ``step_regex`` or the defaults."""
+    """Finds the step counter in one line of output, by the user's ``step_regex`` or the defaults.
+
+    A counter that is not 1-16 ASCII digits below :data:`MAX_STEP` (a 400-digit number, Arabic-Indic
+    digits matched by a user's ``\\d``) is not a step: the line is read as having none, and
+    ``rejected`` counts it."""
 
     def __init__(self, step_regex: str | None = None) -> None:
         self.user = step_regex is not None
+        self.rejected = 0  # counters found but out of range or not ASCII digits
         if step_regex is not None:
             # Config validation guarantees it compiles and has a capture group.
             self._patterns = [("user", re.compile(step_regex), "global")]
@@ -115,8 +140,13 @@ class StepExtractor:
             if found is None:
                 continue
             try:
-                value = int(found.group("n") if not self.user else found.group(1))
-            except (TypeError, ValueError, IndexError):
+                digits = found.group("n") if not self.user else found.group(1)
+            except IndexError:
+                continue
+            value = step_from_text(digits)
+            if value is None:
+                if digits:
+                    self.rejected += 1
                 continue
             if scope == "global":
                 return StepMatch(value, False, name)
@@ -214,6 +244,7 @@ class ProgressTracker:
         self.last_progress_at: float | None = None
         self.last_activity_at: float | None = None  # touch(): a save began or ended
         self.observations = 0
+        self.rejected = 0  # values that were not steps (out of range, not ints): ignored
         self._work = 0
         self._work_points: deque[tuple[float, int]] = deque(maxlen=self.WORK_SAMPLES)
         self._rate_samples: deque[float] = deque(maxlen=self.RATE_SAMPLES)
@@ -224,7 +255,11 @@ class ProgressTracker:
     # feeding ---------------------------------------------------------------------------------
 
     def observe(self, step: int, now: float) -> bool:
-        """A global step seen at ``now``. Returns whether it was progress (a new value)."""
+        """A global step seen at ``now``. Returns whether it was progress (a new value). A value that
+        is not a step (see :func:`valid_step`) is ignored and counted in ``rejected``."""
+        if not valid_step(step):
+            self.rejected += 1
+            return False
         self.observations += 1
         if self.first_step is None:
             self.first_step = step
@@ -240,6 +275,9 @@ class ProgressTracker:
 
     def observe_counter(self, value: int, now: float) -> bool:
         """A progress-only counter (a per-epoch batch index) seen at ``now``."""
+        if not valid_step(value):
+            self.rejected += 1
+            return False
         self.observations += 1
         previous, self.last_counter = self.last_counter, value
         if previous is None:
@@ -355,7 +393,7 @@ class LossTracker:
             return None
         try:
             value = float(loss)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an int too large for a float
             return None
         kind: LossKind | None = None
         median: float | None = None

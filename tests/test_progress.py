@@ -6,8 +6,17 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from supervisor.progress import (LossTracker, ProgressTracker, StepExtractor, clean_line, extract_loss)
+from supervisor.progress import (
+    MAX_STEP,
+    LossTracker,
+    ProgressTracker,
+    StepExtractor,
+    clean_line,
+    extract_loss,
+)
 
 ESC = "\x1b"
 
@@ -34,7 +43,7 @@ STEP_LINES = [
     ("trainer/global_step: 4500  epoch: 3", 4500, False),
     # per-epoch counters: progress only
     ("Epoch 3, step 200, loss 0.5", 200, True),
-    (f"Epoch 0:  45%|████▌     | 450/1000 [00:10<00:12, 43.2it/s, v_num=0, loss=1.23]", 450, True),
+    ("Epoch 0:  45%|████▌     | 450/1000 [00:10<00:12, 43.2it/s, v_num=0, loss=1.23]", 450, True),
     ("Epoch 0: 450it [00:10, 43.2it/s]", 450, True),
     (" 45%|████▌     | 450/1000 [00:10<00:12, 43.2it/s]", 450, True),  # a bare bar: could be per epoch
     ("Training steps:  45%|████▌     | 450/1000 [00:10<00:12, 43.2it/s]", 450, False),  # says steps
@@ -247,3 +256,73 @@ def test_negative_losses_never_spike():
 def test_step_numbers_inside_paths_are_not_progress(line: str) -> None:
     """A checkpoint path names a step but is not a step report: reading it would fool the resume audit."""
     assert StepExtractor().extract(line) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps are bounded integers (issue #13 item 1): a hostile or broken line never kills the loop.
+
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize("line", [
+    f"global_step={HUGE}",
+    f"step {HUGE}",
+    f"{{'loss': 1.0, 'step': {HUGE}}}",
+    "step 9007199254740992",  # 2**53: the first value out of range
+])
+def test_out_of_range_counters_are_not_steps_and_are_counted(line: str) -> None:
+    extractor = StepExtractor()
+    assert extractor.extract(line) is None
+    assert extractor.rejected == 1
+    assert extractor.extract("global_step=7") == 7  # and the extractor keeps working
+
+
+@pytest.mark.parametrize("line", ["step ١٢٣", "global_step=٤٥", "iter ١٢/٣٤"])
+def test_non_ascii_digits_are_not_steps(line: str) -> None:
+    """Arabic-Indic digits: int() reads them, and \\d matches them unless the pattern is ASCII-only."""
+    assert StepExtractor().extract(line) is None
+
+
+def test_the_largest_step_is_accepted() -> None:
+    assert StepExtractor().extract(f"step {MAX_STEP - 1}") == MAX_STEP - 1
+
+
+def test_a_user_regex_with_unicode_digits_is_held_to_ascii_steps() -> None:
+    extractor = StepExtractor(r"it=(\d+)")
+    assert extractor.extract("it=١٢٣") is None and extractor.rejected == 1
+    assert extractor.extract(f"it={HUGE}") is None and extractor.rejected == 2
+    assert extractor.extract("it=123") == 123
+
+
+def test_the_tracker_ignores_and_counts_values_that_are_not_steps() -> None:
+    tracker = ProgressTracker(started_at=0.0, rate_window=10.0)
+    assert tracker.observe(10, 1.0)
+    for bad in (10**400, -1, MAX_STEP, True):
+        assert not tracker.observe(bad, 2.0)  # type: ignore[arg-type]
+        assert not tracker.observe_counter(bad, 2.0)  # type: ignore[arg-type]
+    assert tracker.observe(20, 3.0)
+    assert tracker.rejected == 8 and tracker.last_step == 20
+    assert tracker.rate(3.0) == pytest.approx(5.0)
+
+
+def test_a_loss_too_large_for_a_float_is_ignored() -> None:
+    assert LossTracker().observe(1, 10**400) is None  # type: ignore[arg-type]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(), st.text(alphabet="0123456789١٢٣ step=/[]%|it", max_size=60)),
+                max_size=40))
+def test_nothing_the_output_says_makes_the_trackers_raise(items: list[object]) -> None:
+    extractor = StepExtractor()
+    tracker = ProgressTracker(started_at=0.0, rate_window=4.0)
+    for now, item in enumerate(items, start=1):
+        if isinstance(item, str):
+            found = extractor.match(item)
+            if found is not None:
+                assert 0 <= found.value < MAX_STEP
+                (tracker.observe_counter if found.progress_only else tracker.observe)(found.value, float(now))
+        else:
+            tracker.observe(item, float(now))
+        tracker.rate(float(now))
+        tracker.is_stalled(float(now), 1.0)
+        tracker.slowdown(float(now), 0.5, 2.0)
