@@ -41,6 +41,7 @@ DEFAULT_POLICY: dict[FailureClass, ClassPolicy] = {
     FailureClass.NCCL_ERROR: _p(Action.RESTART),
     FailureClass.HANG: _p(Action.RESTART, 2),
     FailureClass.HARDWARE_FAULT: _p(Action.REQUEUE, 2, exclude_node=True),
+    FailureClass.INTERCONNECT: _p(Action.REQUEUE, 2, exclude_node=True),
     FailureClass.SHM_EXHAUSTED: _p(Action.REQUEUE, 2, exclude_node=True),
     FailureClass.NODE_FAILURE: _p(Action.REQUEUE, 2, exclude_node=True),
     FailureClass.DEVICE_ASSERT: _p(Action.STOP, 0),

@@ -19,7 +19,8 @@ class FailureClass(str, Enum):
     NCCL_ERROR = "nccl_error"  # NCCL errors and watchdog timeouts
     HANG = "hang"  # no progress for stall_timeout; killed by the supervisor
     # The node or its hardware is at fault: come back elsewhere.
-    HARDWARE_FAULT = "hardware_fault"  # ECC, Xid, CUDA unknown error, fallen off the bus, IB errors
+    HARDWARE_FAULT = "hardware_fault"  # ECC, Xid, CUDA unknown error, fallen off the bus
+    INTERCONNECT = "interconnect"  # InfiniBand/RoCE, libfabric (EFA, CXI), UCX transport errors: the fabric
     SHM_EXHAUSTED = "shm_exhausted"  # SIGBUS / bus error from a full /dev/shm
     NODE_FAILURE = "node_failure"
     # A human must act: restarting reproduces it.

@@ -1,10 +1,12 @@
 """Failure classification (supervisor.failures.classify) and restart decisions (supervisor.policy.decide).
 
-The log fixtures under tests/data/logs/ are modelled on the formats of real public reports (PyTorch,
-NCCL, torchrun/torchelastic, Slurm, DataLoader, faulthandler, glibc, UCX): multi-rank interleaving,
-``srun --label`` and ``[rankN]:`` prefixes, tqdm ``\\r`` redraws, ANSI colours. The crashers under
-tests/crashers/ are real child processes that crash in real ways; their real output and status are
-classified.
+The log fixtures under tests/data/logs/ are real logs quoted in public issues (listed with their
+source in tests/data/logs/SOURCES.md), real output from our own GPU runs (``h200_real_*``), or modelled
+on the formats of real public reports (PyTorch, NCCL, torchrun/torchelastic, Slurm, DataLoader,
+faulthandler, glibc, UCX): multi-rank interleaving, ``srun --label`` and ``[rankN]:`` prefixes, tqdm
+``\\r`` redraws, ANSI colours. The crashers under tests/crashers/ are real child processes that crash in
+real ways; their real output and status are classified. Short texts in the unit tests below are
+quoted from those logs or built from their line formats, to pin one ordering each.
 """
 
 from __future__ import annotations
@@ -17,13 +19,20 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from supervisor.budget import AttemptRecord
 from supervisor.config import DEFAULT_POLICY, ClassPolicy
 from supervisor.failures import (
-    DEFAULT_PATTERNS, Failure, classify, parse_signal, signal_class, with_class,
+    DEFAULT_PATTERNS,
+    Failure,
+    classify,
+    parse_signal,
+    signal_class,
+    with_class,
 )
 from supervisor.policy import decide
-from supervisor.states import Action, FailureClass as FC
+from supervisor.states import Action
+from supervisor.states import FailureClass as FC
 
 LOGS = Path(__file__).parent / "data" / "logs"
 CRASHERS = Path(__file__).parent / "crashers"
@@ -84,7 +93,7 @@ CASES = [
     ("xid79_fallen_off_bus.log", 1, None, FC.HARDWARE_FAULT, "CUDA error: unknown error", 20110, None, 6),
     ("cuda_unknown_error.log", 1, None, FC.HARDWARE_FAULT, "CUDA error: unknown error", 300, None, None),
     ("nvlink_uncorrectable.log", 1, None, FC.HARDWARE_FAULT, "uncorrectable NVLink error", 5120, None, 4),
-    ("nccl_ib_completion_error.log", 1, None, FC.HARDWARE_FAULT, "NET/IB : Got completion from peer", 3300,
+    ("nccl_ib_completion_error.log", 1, None, FC.INTERCONNECT, "NET/IB : Got completion from peer", 3300,
      "gpu-e09", None),
     ("dataloader_bus_error_shm.log", 1, None, FC.SHM_EXHAUSTED, "insufficient shared memory (shm)", 12, None, None),
     ("shm_torch_file_no_space.log", 1, None, FC.SHM_EXHAUSTED, "No space left on device", 640, None, None),
@@ -122,6 +131,64 @@ CASES = [
     # status alone
     ("unknown_exit_no_evidence.log", 3, None, FC.UNKNOWN, None, 300, None, None),
     ("completed.log", 0, None, FC.COMPLETED, None, 10000, None, None),
+    # --- real public logs (tests/data/logs/SOURCES.md names each one's issue) -------------------------
+    # host OOM: one worker SIGKILLed while its launcher ran on, or the kernel/Slurm saying OOM
+    ("torchrun_summary_sigkill_oom.log", 1, None, FC.HOST_OOM, "exitcode  : -9 (pid: 14750)", None,
+     "mlxlab115rp2n7682d40d9-20250521025625-6dyyd3-8nir8b-worker", 0),
+    ("torchrun_failed_exitcode_9_cpu_memory.log", 1, None, FC.HOST_OOM, "failed (exitcode: -9) local_rank: 0", None,
+     None, None),  # "[3/1000]" counts batches: progress, not a global step
+    ("deepspeed_launcher_return_code_9.log", 1, None, FC.HOST_OOM, "exits with return code = -9", None, None, None),
+    ("mpirun_rank_signal_9_killed.log", 137, None, FC.HOST_OOM, "exited on signal 9 (Killed)", None,
+     "DESKTOP-G7NUGFV", 7),
+    ("mp_spawn_process_sigkill.log", 1, None, FC.HOST_OOM, "process 0 terminated with signal SIGKILL", None, None,
+     None),
+    ("dataloader_worker_killed_by_signal_killed.log", 1, None, FC.HOST_OOM, "is killed by signal: Killed", None,
+     None, None),
+    ("slurm_batch_killed_oom_kill_event.log", 137, None, FC.HOST_OOM, "Detected 1 oom-kill event(s)", None, None,
+     None),
+    ("dmesg_out_of_memory_killed_process.log", 137, None, FC.HOST_OOM, "Out of memory: Killed process 10245", None,
+     None, None),
+    # a bare SIGKILL, no memory evidence: not an OOM (a person, a stall kill, Slurm's KillWait)
+    ("srun_task_killed_no_memory_evidence.log", 137, None, FC.KILLED, "srun: error: c002: task 0: Killed", None,
+     "c002", 0),
+    ("epoch_progress_then_bare_killed.log", 137, None, FC.KILLED, "Killed", None, None, None),
+    ("lightning_epoch_end_checkpoint_killed.log", 137, None, FC.KILLED, "Killed", None, None, None),  # 100%, no marker
+    # the interconnect: InfiniBand/RoCE, libfabric (EFA), UCX
+    ("nccl_ib_port_error_then_completion_error.log", 1, None, FC.INTERCONNECT, "Got async event : port error", 83594,
+     None, None),  # host names redacted to "...-48" in the report
+    ("nccl_ib_local_catastrophic_error.log", 134, None, FC.INTERCONNECT, "local catastrophic error", None, None,
+     None),
+    ("nccl_ib_completion_error_kp_ddp.log", 1, None, FC.INTERCONNECT, "with status=12", None, "kp-ddp-worker-0",
+     None),
+    ("nccl_ib_completion_error_4_nccl_tests.log", 1, None, FC.INTERCONNECT, "Got completion from peer 10.0.35.1",
+     None, "kolyoz2", None),
+    ("ucx_endpoint_timeout_retry_exceeded.log", 134, None, FC.INTERCONNECT, "'Endpoint timeout'", None, None, None),
+    ("efa_ofi_request_completed_with_error.log", 1, None, FC.INTERCONNECT,
+     "NET/OFI Request 0x7fbb944701b8 completed with error", None, "nccl-tests-worker-1", 13),
+    # killed because a sibling failed: the sibling's class
+    ("srun_bus_error_then_step_cancelled.log", 135, None, FC.NATIVE_CRASH, "task 289: Bus error", None,
+     "Orion-18-69", 289),
+    ("mpiexec_rank_segfault_noticed.log", 139, None, FC.NATIVE_CRASH, "Signal: Segmentation fault (11)", None,
+     "lhx-910", 0),
+    ("torchrun_rendezvous_closed_other_agent_killed.log", 1, None, FC.UNKNOWN, "RendezvousClosedError", None, None,
+     None),
+    ("torchrun_agent_sighup_death_signal.log", None, signal.SIGHUP, FC.KILLED, "Received 1 death signal", 4080, None,
+     None),
+    # training finished, then killed at teardown (the log holds no line of the kill: the status says it)
+    ("torchrun_group_succeeded_then_killed.log", None, signal.SIGKILL, FC.COMPLETED,
+     "Local worker group finished (SUCCEEDED)", None, None, None),
+    ("lightning_max_steps_reached_then_killed.log", 137, None, FC.COMPLETED, "`max_steps=400000` reached", 400000,
+     None, None),
+    # srun and slurmstepd say how the step ended
+    ("srun_time_limit_force_terminated.log", 143, None, FC.TIME_LIMIT, "DUE TO TIME LIMIT", None, "nid01934", None),
+    ("srun_label_step_aborted_time_limit.log", 143, None, FC.TIME_LIMIT, "DUE TO TIME LIMIT", None, "h19c25", 0),
+    ("slurm_time_limit_redacted_node.log", 143, None, FC.TIME_LIMIT, "DUE TO TIME LIMIT", None, None, None),
+    ("slurm_scancel_sigcont_job_cancelled.log", 143, None, FC.CANCELLED, "*** JOB 3 ON c1 CANCELLED AT", None, "c1",
+     None),
+    ("slurm_job_cancelled_julia_sigterm.log", 143, None, FC.CANCELLED, "*** JOB 3737 ON compute-dy-t3large-2", None,
+     "compute-dy-t3large-2", None),
+    ("srun_forcing_termination_task_killed.log", 137, None, FC.KILLED, "srun: forcing job termination", None, None,
+     None),
 ]
 
 
@@ -160,8 +227,10 @@ def test_text_alone_classifies_every_fixture_the_same_way(name):
     """Without an exit status (``supervise classify LOG``) the text still finds the same first failure."""
     expected = {c[0]: c for c in CASES}[name]
     failure = classify(None, None, _read(name))
-    if expected[3] == FC.COMPLETED:
+    if expected[3] == FC.COMPLETED and expected[4] is None:
         assert failure.cls == FC.UNKNOWN  # no status, no failure evidence: not provably complete
+    elif expected[3] == FC.COMPLETED:
+        assert failure.cls == FC.COMPLETED  # the training said it finished, and nothing failed after
     elif expected[3] == FC.UNKNOWN:
         assert failure.cls == FC.UNKNOWN
     elif expected[2] is not None and expected[1] is None and expected[3] == FC.NATIVE_CRASH \
@@ -267,7 +336,7 @@ def test_pattern_table_is_data_with_a_priority():
     assert {p.cls for p in DEFAULT_PATTERNS if isinstance(p.cls, FC)} >= {
         FC.PREEMPTED, FC.TIME_LIMIT, FC.NODE_FAILURE, FC.CANCELLED, FC.HOST_OOM, FC.DEVICE_ASSERT, FC.CUDA_OOM,
         FC.ILLEGAL_MEMORY_ACCESS, FC.CUDA_LAUNCH_FAILURE, FC.HARDWARE_FAULT, FC.SHM_EXHAUSTED, FC.NCCL_ERROR,
-        FC.NATIVE_CRASH}
+        FC.NATIVE_CRASH, FC.INTERCONNECT}
 
 
 @pytest.mark.parametrize("text, number", [("SEGV", 11), ("SIGSEGV", 11), ("sigsegv", 11), ("11", 11),
@@ -298,7 +367,8 @@ def _no_core() -> None:
 def _run(script: str, via_shell: bool = False) -> tuple[int, str]:
     path = str(CRASHERS / script)
     argv = ["bash", "-c", f'"{sys.executable}" "{path}"; exit $?'] if via_shell else [sys.executable, path]
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30, preexec_fn=_no_core)
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30, preexec_fn=_no_core,
+                          check=False)
     return proc.returncode, proc.stdout.decode("utf-8", errors="replace")
 
 
@@ -523,7 +593,8 @@ def _gpu_count() -> int:
         return 0  # no NVIDIA driver here: skip without paying for a torch import
     code = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             check=False)
         return int(out.stdout.strip() or 0)
     except (subprocess.SubprocessError, ValueError, OSError):
         return 0
@@ -557,9 +628,302 @@ def test_real_ddp_illegal_memory_access_is_the_first_failure(gpus):
     if gpus < 2:
         pytest.skip("needs 2 GPUs")
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(CRASHERS / "gpu_ddp_ima.py")]
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, preexec_fn=_no_core)
+    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300, preexec_fn=_no_core,
+                          check=False)
     out = proc.stdout.decode("utf-8", errors="replace")
     failure = classify(*_status(proc.returncode), out)
     assert failure.cls == FC.ILLEGAL_MEMORY_ACCESS, (proc.returncode, out[-3000:], failure.reason)
     assert failure.rank == 1
     assert failure.step == 4
+
+
+# --------------------------------------------------------------------------------------------- host OOM
+
+
+_TORCHRUN_SUMMARY = """torch.distributed.elastic.multiprocessing.errors.ChildFailedError: 
+============================================================
+train.py FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2025-05-21_15:43:03
+  host      : gpu-a01
+  rank      : 3 (local_rank: 3)
+  exitcode  : {code} (pid: 14750)
+  error_file: <N/A>
+  traceback : Signal {sig} ({name}) received by PID 14750
+============================================================
+"""
+
+
+@pytest.mark.parametrize("code, sig, name, cls", [(-9, 9, "SIGKILL", FC.HOST_OOM), (-15, 15, "SIGTERM", FC.KILLED),
+                                                   (-11, 11, "SIGSEGV", FC.NATIVE_CRASH)])
+def test_a_worker_sigkilled_while_torchrun_ran_on_is_a_host_oom_and_other_signals_keep_their_class(code, sig, name,
+                                                                                                  cls):
+    failure = classify(1, None, "step 40\n" + _TORCHRUN_SUMMARY.format(code=code, sig=sig, name=name))
+    assert (failure.cls, failure.node, failure.rank, failure.step) == (cls, "gpu-a01", 3, 40)
+    if cls == FC.HOST_OOM:
+        assert "OOM killer" in failure.reason and failure.action == Action.STOP
+
+
+def test_a_bare_sigkill_with_no_memory_evidence_is_not_an_oom():
+    """Exit 137 with a shell's "Killed": a person, a stall kill or Slurm's KillWait could have sent it."""
+    for text in ("step 5\nKilled\n", "step 5\n", "srun: error: n1: task 0: Killed\n"):
+        failure = classify(137, None, text)
+        assert failure.cls == FC.KILLED, (text, failure.reason)
+        assert failure.action == Action.RESTART
+
+
+def test_a_cause_printed_before_the_launchers_sigkill_report_wins():
+    """A worker that raised a CUDA OOM and was then SIGKILLed by torchrun's shutdown is a CUDA OOM."""
+    text = ("[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+            + _TORCHRUN_SUMMARY.format(code=-9, sig=9, name="SIGKILL"))
+    assert classify(1, None, text).cls == FC.CUDA_OOM
+
+
+def test_the_kernels_and_slurms_oom_messages_are_verdicts_wherever_they_appear():
+    text = ("step 10\nSegmentation fault (core dumped)\n"
+            "slurmstepd: error: Detected 1 oom_kill event in StepId=440575.0. Some of the step tasks have been "
+            "OOM Killed.\n")
+    assert classify(139, None, text).cls == FC.HOST_OOM
+    assert classify(1, None, "slurmstepd: error: Exceeded step memory limit at some point.\n").cls == FC.HOST_OOM
+
+
+# --------------------------------------------------------------------------------------------- interconnect
+
+
+_NCCL_REMOTE = ("[rank12]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote "
+                "process exited or there was a network error, NCCL version 2.21.5\n"
+                "[rank12]: ncclRemoteError: A call failed possibly due to a network error or a remote process "
+                "exiting prematurely.\n[rank12]: Last error:\n")
+
+
+def test_an_nccl_remote_error_whose_last_error_is_the_network_is_interconnect():
+    text = _NCCL_REMOTE + ("[rank12]: NET/IB : Got completion from peer 10.216.210.241<54862> with status=12 "
+                           "opcode=0 len=0 vendor err 129 (Recv)\n")
+    failure = classify(1, None, text)
+    assert (failure.cls, failure.action) == (FC.INTERCONNECT, Action.REQUEUE)
+    assert DEFAULT_POLICY[FC.INTERCONNECT].exclude_node
+
+
+def test_an_nccl_remote_error_with_no_network_cause_or_a_closed_socket_stays_nccl_error():
+    """NCCL says "remote process exited OR a network error": a peer that died looks the same."""
+    assert classify(1, None, _NCCL_REMOTE).cls == FC.NCCL_ERROR
+    socket = _NCCL_REMOTE + "[rank12]: socketProgress: Connection closed by remote peer gpu-b07<59116>\n"
+    assert classify(1, None, socket).cls == FC.NCCL_ERROR
+
+
+def test_a_plain_nccl_watchdog_timeout_stays_nccl_error():
+    text = ("[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=7, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.\n")
+    assert classify(134, None, text).cls == FC.NCCL_ERROR
+
+
+def test_the_first_cause_wins_between_a_peers_crash_and_the_network_errors_it_causes():
+    segv = "srun: error: n2: task 1: Segmentation fault (core dumped)\n"
+    ib = "n1:3468:3905 [4] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1> with status=12 opcode=0\n"
+    assert classify(139, None, "step 9\n" + segv + ib).cls == FC.NATIVE_CRASH
+    assert classify(139, None, "step 9\n" + ib + segv).cls == FC.INTERCONNECT
+
+
+def test_a_gpu_that_fell_off_the_bus_beats_the_network_errors_it_causes():
+    text = ("n1:3468:3905 [4] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<1> with status=12 opcode=0\n"
+            "NVRM: Xid (PCI:0000:41:00): 79, pid=1234, GPU has fallen off the bus.\n")
+    assert classify(1, None, text).cls == FC.HARDWARE_FAULT
+
+
+def test_a_link_flap_that_training_rode_out_is_not_the_failure():
+    flap = "n1:34050:34121 [0] transport/net_ib.cc:93 NCCL WARN NET/IB : Got async event : port error\n"
+    later = "step 101 loss 1.0\nstep 102 loss 1.0\nstep 103 loss 1.0\nSegmentation fault (core dumped)\n"
+    assert classify(139, None, "step 100 loss 1.0\n" + flap + later).cls == FC.NATIVE_CRASH
+    assert classify(1, None, "step 100 loss 1.0\n" + flap).cls == FC.INTERCONNECT
+
+
+@pytest.mark.parametrize("line", [
+    "[dgx15:34226:0:34226] ib_mlx5_log.c:139  Transport retry count exceeded on mlx5_3:1/IB (synd 0x15 vend 0x81)",
+    ("[1506866470.744682] [clx-hercules-065:1411 :0] dc_verbs.c:633  UCX  ERROR Send completion with error on qp "
+     "0x10e55: transport retry counter exceeded syndrome 0x81"),
+    "completion error IBV_WC_RETRY_EXC_ERR on qp 0x2a",
+    "[1564069506.097666] [dgx15:34226:0] ucp_worker.c:505  UCX  ERROR error 'Endpoint timeout' will not be handled",
+    "algo-1:462:580 [0] ofi_process_cq:1039 NCCL WARN NET/OFI Request 0x7f completed with error. RC: 21.",
+    ("libfabric:35:1668017255::efa:cq:rxr_cq_write_tx_error():243<warn> rxr_cq_write_tx_error: err: 20, prov_err: "
+     "Not a directory (20)"),
+    "libfabric:1234:1700000000::cxi:core:cxip_cq_eq_progress():531<warn> nid001234: RC_UNDELIVERABLE",
+    ("h100-28:238:1313 [0] transport/net_ib.cc:139 NCCL WARN communicator encountered a fatal error (detected in "
+     "ncclIbTest)"),
+    "container-57:815:864 [0] misc/ibvwrap.cu:220 NCCL WARN Call to ibv_get_async_event failed",
+])
+def test_interconnect_errors_of_each_transport(line):
+    """Lines of each transport's format (UCX, verbs, libfabric EFA, CXI return codes, NCCL NET/IB)."""
+    assert classify(1, None, line + "\n").cls == FC.INTERCONNECT
+
+
+def test_a_plugin_warning_at_start_after_which_training_ran_is_not_the_failure():
+    """aws-ofi-nccl can fail to initialise and NCCL falls back to sockets: training then runs."""
+    text = ("algo-1:17778:17848 [5] nccl_net_ofi_create_plugin:259 NCCL WARN NET/OFI Couldn't open CQ. RC: -22\n"
+            "step 1 loss 9.0\nstep 2 loss 8.0\nTraceback (most recent call last):\n  File \"t.py\", line 1\n"
+            "ValueError: bad batch\n")
+    assert classify(1, None, text).cls == FC.PYTHON_EXCEPTION
+
+
+# --------------------------------------------------------------------------------------------- siblings
+
+
+_SIGTERMED_AGENT = (
+    "W0409 07:28:49.530000 1359 torch/distributed/elastic/agent/server/api.py:719] Received 15 death signal, "
+    "shutting down workers\n"
+    "W0409 07:28:49.531000 1359 torch/distributed/elastic/multiprocessing/api.py:897] Sending process 1365 closing "
+    "signal SIGTERM\nTraceback (most recent call last):\n  File \"/usr/bin/torchrun\", line 8, in <module>\n"
+    "    sys.exit(main())\ntorch.distributed.elastic.multiprocessing.api.SignalException: Process 1359 got signal: 15\n")
+_SEGV_RANK = "[rank5]: Fatal Python error: Segmentation fault\n"
+
+
+def test_an_agent_stopped_because_a_rank_on_another_node_crashed_takes_that_ranks_class():
+    """srun's merged output may print the other node's shutdown before the crashed rank's own line."""
+    for text in (_SEGV_RANK + _SIGTERMED_AGENT, _SIGTERMED_AGENT + _SEGV_RANK):
+        failure = classify(143, None, "step 700\n" + text)
+        assert (failure.cls, failure.rank) == (FC.NATIVE_CRASH, 5), failure.reason
+
+
+def test_an_agent_stopped_from_outside_is_killed_not_a_python_exception():
+    failure = classify(None, signal.SIGTERM, "step 700\n" + _SIGTERMED_AGENT)
+    assert failure.cls == FC.KILLED and "agent was sent a signal" in failure.reason
+
+
+def test_a_closed_rendezvous_on_the_surviving_node_is_an_echo_of_the_other_nodes_end():
+    survivor = "    raise RendezvousClosedError\ntorch.distributed.elastic.rendezvous.api.RendezvousClosedError\n"
+    assert classify(1, None, _SIGTERMED_AGENT + survivor).cls == FC.KILLED  # time order: the signal came first
+    assert classify(1, None, survivor).cls == FC.UNKNOWN  # never python_exception (that would stop the run)
+
+
+def test_srun_tasks_killed_after_another_task_failed_take_its_class_and_place():
+    text = ("srun: error: n3: task 3: Killed\nsrun: error: n1: task 1: Segmentation fault (core dumped)\n"
+            "srun: Terminating StepId=88.0\n"
+            "slurmstepd: error: *** STEP 88.0 ON n0 CANCELLED AT 2024-05-02T10:11:12 DUE TO TASK FAILURE ***\n"
+            "srun: error: n0: task 0: Terminated\n")
+    failure = classify(143, None, text)
+    assert (failure.cls, failure.node, failure.rank) == (FC.NATIVE_CRASH, "n1", 1)
+
+
+def test_a_task_that_exited_with_an_error_before_its_siblings_were_killed_is_the_first_failure():
+    text = ("srun: error: n1: task 1: Exited with exit code 1\nsrun: Terminating StepId=88.0\n"
+            "srun: error: n0: task 0: Terminated\n")
+    failure = classify(143, None, text)
+    assert (failure.cls, failure.node, failure.rank) == (FC.UNKNOWN, "n1", 1)
+    assert "exited with an error" in failure.reason
+
+
+def test_mpirun_names_the_rank_and_node_of_a_crash():
+    failure = classify(139, None, "mpirun noticed that process rank 2 with PID 4242 on node gpu-c3 exited on "
+                                  "signal 11 (Segmentation fault).\n")
+    assert (failure.cls, failure.node, failure.rank) == (FC.NATIVE_CRASH, "gpu-c3", 2)
+
+
+# --------------------------------------------------------------------------------------------- finished, then killed
+
+
+_HF_END = ("{'loss': 0.8735, 'learning_rate': 1.0e-07, 'epoch': 3.0}\n"
+           "100%|##########| 1500/1500 [1:02:11<00:00,  2.49s/it]\n"
+           "Training completed. Do not forget to share your model on huggingface.co/models =)\n"
+           "{'train_runtime': 3731.4, 'train_samples_per_second': 12.9, 'train_loss': 1.02, 'epoch': 3.0}\n")
+
+
+@pytest.mark.parametrize("exit_code, sig", [(137, None), (None, signal.SIGKILL), (143, None), (None, None)])
+def test_a_kill_after_the_training_said_it_finished_is_completed(exit_code, sig):
+    failure = classify(exit_code, sig, _HF_END + "Killed\n")
+    assert failure.cls == FC.COMPLETED, failure.reason
+    assert failure.action == Action.STOP
+    assert "had finished" in failure.reason and any("train_runtime" in e for e in failure.evidence)
+
+
+@pytest.mark.parametrize("after, cls", [
+    ("Traceback (most recent call last):\n  File \"t.py\", line 9, in <module>\nOSError: [Errno 28] No space left\n",
+     FC.PYTHON_EXCEPTION),
+    ("Segmentation fault (core dumped)\n", FC.NATIVE_CRASH),
+    ("srun: error: n1: task 0: Exited with exit code 1\n", FC.UNKNOWN),
+    ("slurmstepd: error: *** JOB 77 ON n1 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***\n", FC.TIME_LIMIT),
+])
+def test_a_failure_after_the_completion_line_is_still_a_failure(after, cls):
+    assert classify(137, None, _HF_END + after).cls == cls
+
+
+def test_completion_needs_a_kill_from_outside_not_a_crash_or_an_error_exit():
+    assert classify(None, signal.SIGSEGV, _HF_END).cls == FC.NATIVE_CRASH
+    assert classify(1, None, _HF_END).cls == FC.UNKNOWN
+
+
+def test_only_clear_completion_lines_count():
+    """100 % of a progress bar, "Training completed in 3 min", or a torchrun group that FAILED are not it."""
+    for text in ("100%|##########| 1500/1500 [1:02:11<00:00]\n", "Training completed in 3.2 minutes\n",
+                 "INFO:torch.distributed.elastic.agent.server.api:Local worker group finished (FAILED). Waiting\n"):
+        assert classify(137, None, "step 1500\n" + text + "Killed\n").cls == FC.KILLED, text
+
+
+# --------------------------------------------------------------------------------------------- srun and slurmstepd
+
+
+@pytest.mark.parametrize("text, cls, words", [
+    ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2024-01-01T00:00:00 ***\n", FC.CANCELLED, "scancel"),
+    ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2024-01-01T00:00:00 DUE TO PREEMPTION ***\n", FC.PREEMPTED,
+     "preempted"),
+    ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2024-01-01T00:00:00 DUE TO JOB REQUEUE ***\n", FC.PREEMPTED,
+     "requeued"),
+    ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***\n", FC.TIME_LIMIT,
+     "time limit"),
+    ("slurmstepd: error: *** JOB 9 ON n1 CANCELLED AT 2024-01-01T00:00:00 DUE TO NODE FAILURE ***\n",
+     FC.NODE_FAILURE, "node failed"),
+    ("slurmstepd: error: *** STEP 9.0 ON n1 CANCELLED AT 2024-01-01T00:00:00 DUE to SIGNAL Terminated ***\n",
+     FC.KILLED, "signalled the step"),
+    ("slurmstepd: error: *** STEP 9.0 ON n1 CANCELLED AT 2024-01-01T00:00:00 ***\n", FC.CANCELLED, "cancelled the step"),
+    ("srun: Terminating StepId=9.0\nslurmstepd: error: *** STEP 9.0 ON n1 CANCELLED AT 2024-01-01T00:00:00 ***\n",
+     FC.UNKNOWN, "one of its tasks failed"),
+    ("srun: Job step aborted: Waiting up to 32 seconds for job step to finish.\n", FC.KILLED, "job is ending"),
+    ("srun: Force Terminated StepId=120.0\n", FC.KILLED, "force-terminated"),
+    ("srun: forcing job termination\n", FC.KILLED, "SIGTERM/SIGHUP"),
+    ("srun: interrupt (one more within 1 sec to abort)\n", FC.CANCELLED, "Ctrl-C"),
+    ("srun: error: n1: task 3: Killed\n", FC.KILLED, "killed from outside"),
+])
+def test_each_srun_and_slurmstepd_ending_gets_a_class_and_a_reason_a_person_understands(text, cls, words):
+    failure = classify(143, None, text)
+    assert failure.cls == cls, failure.reason
+    assert words in failure.reason
+
+
+# --------------------------------------------------------------------------------------------- the package
+
+
+def test_the_failures_package_imports_only_states_signals_progress_and_policy():
+    """Classifying needs no config and no budget (the CLI and the run loop both call it)."""
+    import ast
+
+    package = Path(__file__).parent.parent / "supervisor" / "failures"
+    allowed = {"states", "signals", "progress", "policy"}
+    for path in package.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 2:
+                assert (node.module or "").split(".")[0] in allowed, (path.name, node.module)
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                assert not node.module.startswith("supervisor"), (path.name, node.module)
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("supervisor") for a in node.names), path.name
+
+
+def test_every_pattern_carries_lower_case_needles():
+    """Needles keep the work linear: a line with none of them never reaches a regex."""
+    for pattern in DEFAULT_PATTERNS:
+        assert pattern.needles, pattern.label
+        assert all(n == n.lower() for n in pattern.needles), pattern.label
+
+
+def test_cli_classify_names_the_node_a_requeue_keeps_away_from_and_says_a_finished_run_needs_nothing():
+    requeue = _invoke("classify", str(LOGS / "nccl_ib_completion_error_kp_ddp.log"))
+    assert requeue.exit_code == 0
+    assert "class:    interconnect" in requeue.stdout
+    assert "action:   requeue, excluding node kp-ddp-worker-0" in requeue.stdout
+    done = _invoke("classify", str(LOGS / "lightning_max_steps_reached_then_killed.log"), "--signal", "KILL")
+    assert "class:    completed" in done.stdout and "action:   none" in done.stdout
+    assert json.loads(_invoke("classify", str(LOGS / "lightning_max_steps_reached_then_killed.log"), "--signal",
+                              "KILL", "--json").stdout)["action"] == "stop"  # JSON keeps the policy's action

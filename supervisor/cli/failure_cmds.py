@@ -83,6 +83,8 @@ def classify_cmd(logfile: Path, exit_code: int | None, signal_text: str | None, 
     alone, "unknown" without one); 2 unreadable or binary file, or --exit-code with --signal.
     """
     from ..failures import classify, parse_signal
+    from ..policy import policy_for
+    from ..states import Action, FailureClass
 
     if exit_code is not None and signal_text is not None:
         raise UsageError("give --exit-code or --signal, not both: a process either exited or was killed")
@@ -103,8 +105,13 @@ def classify_cmd(logfile: Path, exit_code: int | None, signal_text: str | None, 
     if as_json:
         echo_json({"log": str(logfile), **_failure_json(failure)})
         return
+    action = failure.action.value
+    if failure.cls == FailureClass.COMPLETED:
+        action = "none: training finished, nothing to restart"
+    elif failure.action == Action.REQUEUE and failure.node and policy_for(failure.cls).exclude_node:
+        action += f", excluding node {failure.node}"
     click.echo(f"class:    {failure.cls.value}")
-    click.echo(f"action:   {failure.action.value}")
+    click.echo(f"action:   {action}")
     if failure.step is not None:
         click.echo(f"step:     {failure.step}")
     where = [f"node {failure.node}" if failure.node else "", f"rank {failure.rank}" if failure.rank is not None else ""]

@@ -11,41 +11,87 @@ How the first failure is found (the table :data:`DEFAULT_PATTERNS` holds the evi
 * Every pattern has a *priority*. ``VERDICT`` (0): the scheduler or the kernel says how the job
   ended (preemption, time limit, node failure, OOM kill, a person's scancel); it wins wherever it
   appears, because the allocation is gone whatever the training printed while it was being taken.
-  ``CAUSE`` (1): a root cause (a CUDA error, a segfault, a Python exception). ``CONSEQUENCE`` (2):
-  what a failure elsewhere leads to (NCCL watchdog timeouts, a peer's lost connection, torchrun's
-  ``ChildFailedError`` summary). ``ECHO`` (3): a bare report that something died (``Terminated``,
-  ``Killed``, ``Exited with exit code 1``). The lowest priority present decides; within it, the
-  first line in the output wins.
+  ``CAUSE`` (1): a root cause (a CUDA error, a segfault, a Python exception, a network error).
+  ``CONSEQUENCE`` (2): what a failure elsewhere leads to (NCCL watchdog timeouts, a peer's lost
+  connection, a launcher's report of how one worker died: torchrun's ``ChildFailedError`` summary,
+  ``mpirun noticed that process rank 3 ... exited on signal 11``). ``ECHO`` (3): a bare report that
+  something died or was stopped (``Terminated``, ``Killed``, ``Exited with exit code 1``, torchrun's
+  agent ``Received 15 death signal``, srun's ``Force Terminated``). The lowest priority present
+  decides; within it, the first line in the output wins. So a rank or an agent that was stopped
+  because a sibling crashed takes the sibling's class: its own end is an echo.
 * A *generic* pattern names only a signal or an abort (``terminate called after throwing``,
   ``Segmentation fault``, ``NCCL error``). A specific cause on the next lines of the same stream
   refines it (``what():  CUDA error: an illegal memory access``), and a generic line that comes
   after any cause or consequence is that failure's echo, not a new failure.
 * A few causes *override* others wherever they appear: a device-side assert beats the illegal memory
   access it provokes; a full ``/dev/shm`` beats the bus error it raises; a GPU hardware fault (ECC,
-  Xid, fallen off the bus) beats the CUDA and NCCL errors it causes.
+  Xid, fallen off the bus) beats the CUDA, NCCL and network errors it causes.
 * A Python traceback counts by its final exception line: the root cause of a chain is printed
-  first. A traceback after which training went on (later step reports) was not fatal and is ignored.
+  first. A traceback after which training went on (later step reports) was not fatal and is ignored;
+  so is *transient* evidence (an InfiniBand port flap, a network plugin that fell back to sockets).
 * With no evidence in the text, the exit status decides (signal N, or 128+N when plausible).
+
+Some classes need care:
+
+* ``host_oom``: the kernel's or Slurm's OOM messages, a ``MemoryError``, or one worker SIGKILLed
+  while the launcher that started it ran on to report it (torchrun's ``exitcode: -9``, mpirun's
+  ``exited on signal 9``, a DataLoader worker ``killed by signal: Killed``): Slurm, the supervisor
+  and a stall kill take the whole process group, launcher included, so only the OOM killer kills
+  one worker (:func:`launcher_signal_class`). A bare SIGKILL (exit 137, a shell's ``Killed``) with
+  no such evidence stays ``killed``.
+* ``interconnect``: InfiniBand/RoCE verbs errors, libfabric (EFA, CXI) and UCX transport errors.
+  NCCL's ``remote process exited or there was a network error`` alone stays ``nccl_error`` (a peer
+  that died looks the same); its ``Last error:`` line, when it names the network, decides.
+* ``completed`` after a kill: a child killed from outside (or of unknown status) after the training
+  printed that it finished (torchrun's worker group SUCCEEDED, Lightning's ``max_steps`` reached,
+  the Hugging Face Trainer's ``Training completed.``/``train_runtime``), with nothing but the kill's
+  own echoes after that line, is a kill at teardown, not a crash to restart.
 
 Output is read line by line, with ``\\r`` progress-bar redraws split, ANSI colours removed, and
 ``srun --label`` / ``[rank3]:`` / ``[default0]:`` / ``mpirun --tag-output`` prefixes taken off (they
 name the rank). The step is the last *global* step reported before the first error, read with the
 shared patterns of :mod:`supervisor.progress` (a per-epoch progress bar is progress, not a step: None
 rather than a wrong number). Work is linear in the input: each pattern carries literal ``needles``,
-one ``str.find`` sweep per needle picks the few lines worth a regex; lines over 64 KiB are cut.
+one ``str.find`` sweep per needle picks the few lines worth a regex; lines over 64 KiB are cut and
+input over 8 MiB keeps its end.
 
-Modules: :mod:`.patterns` (the evidence table and signal classes), :mod:`.scan` (reading the text,
-choosing the first failure), :mod:`.classify` (the result). What to do about a failure is
-:mod:`supervisor.policy`.
+Modules: :mod:`.patterns` (the evidence table, the completion markers and the signal classes),
+:mod:`.scan` (reading the text, choosing the first failure), :mod:`.classify` (the result). What to
+do about a failure is :mod:`supervisor.policy`. This package imports only ``states``, ``signals``,
+``progress`` and ``policy``: no config, no budget.
 """
 
 from __future__ import annotations
 
 from ..signals import parse_signal, signal_name
 from .classify import Failure, classify, with_class
-from .patterns import CAUSE, CONSEQUENCE, DEFAULT_PATTERNS, ECHO, VERDICT, FailurePattern, signal_class
+from .patterns import (
+    CAUSE,
+    COMPLETION_MARKERS,
+    CONSEQUENCE,
+    DEFAULT_PATTERNS,
+    ECHO,
+    VERDICT,
+    CompletionMarker,
+    FailurePattern,
+    launcher_signal_class,
+    signal_class,
+)
 
 __all__ = [
-    "CAUSE", "CONSEQUENCE", "DEFAULT_PATTERNS", "ECHO", "Failure", "FailurePattern", "VERDICT", "classify",
-    "parse_signal", "signal_class", "signal_name", "with_class",
+    "CAUSE",
+    "COMPLETION_MARKERS",
+    "CONSEQUENCE",
+    "DEFAULT_PATTERNS",
+    "ECHO",
+    "VERDICT",
+    "CompletionMarker",
+    "Failure",
+    "FailurePattern",
+    "classify",
+    "launcher_signal_class",
+    "parse_signal",
+    "signal_class",
+    "signal_name",
+    "with_class",
 ]

@@ -2,21 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Mapping, Sequence
 
 from ..policy import ClassPolicy, action_for
 from ..progress import StepExtractor
 from ..signals import signal_name
 from ..states import Action, FailureClass
 from .patterns import (
-    CONTEXT_AFTER, CONTEXT_BEFORE, DEFAULT_PATTERNS, ECHO, FC, MAX_INPUT_CHARS, VERDICT, _PRIORITY_NAMES,
-    FailurePattern, _signal_from_status, signal_class,
+    _PRIORITY_NAMES,
+    CONTEXT_AFTER,
+    CONTEXT_BEFORE,
+    DEFAULT_PATTERNS,
+    ECHO,
+    FC,
+    MAX_INPUT_CHARS,
+    VERDICT,
+    FailurePattern,
+    _signal_from_status,
+    signal_class,
 )
 from .scan import (
-    _DEFAULT_UNION, _Match, _Steps, _choose, _clean, _locate, _needle_union, _scan, _split_lines, _status_text,
+    _DEFAULT_UNION,
+    _choose,
+    _clean,
+    _find_completion,
+    _locate,
+    _Match,
+    _needle_union,
+    _scan,
+    _split_lines,
+    _status_text,
+    _Steps,
 )
-
 
 
 @dataclass(frozen=True)
@@ -35,7 +53,6 @@ class Failure:
     reason: str = ""
 
 
-
 def classify(
     exit_code: int | None,
     signal: int | None,
@@ -50,10 +67,12 @@ def classify(
     ``exit_code``/``signal``: the child's status (``signal`` set when it died of one; ``exit_code`` may
     be None then, or unknown altogether). ``step_regex``: the user's step pattern (default: the
     shared patterns of :mod:`supervisor.progress`). ``patterns``: a replacement evidence table.
-    Exit 0 is ``completed`` unless the scheduler's own message says the job was taken away.
+    Exit 0 is ``completed`` unless the scheduler's own message says the job was taken away. A child
+    killed from outside (or of unknown status) after the training printed that it finished all its
+    steps, with nothing failing after that line, is ``completed`` too: a kill at teardown.
     """
     if signal is None and exit_code is not None and exit_code < 0:  # subprocess's returncode -N
-        exit_code, signal = None, -exit_code
+        signal, exit_code = -exit_code, None
     table = tuple(patterns) if patterns is not None else DEFAULT_PATTERNS
     union = _DEFAULT_UNION if patterns is None else _needle_union(table)
     text = output_tail or ""
@@ -91,6 +110,18 @@ def classify(
             return from_text(chosen.cls, f"exit status 0, but {chosen.label}{{where}}: the allocation was taken away",
                              chosen)
         return from_status(FC.COMPLETED, "exit status 0: training finished")
+
+    if (sig is None and exit_code is None) or (sig is not None and signal_class(sig) == FC.KILLED):
+        finished = _find_completion(lines, matches)
+        if finished is not None:
+            idx, marker = finished
+            how = "no exit status" if sig is None else status
+            lo = max(idx - CONTEXT_BEFORE, 0)
+            return Failure(FC.COMPLETED, action_for(FC.COMPLETED, policy), evidence=(_clean(lines[idx].text),),
+                           context=tuple(_clean(ln.raw) for ln in lines[lo:idx + CONTEXT_AFTER + 1]),
+                           step=steps.before(len(lines) - 1), exit_code=exit_code, signal=signal,
+                           reason=f"{how}, but the training had finished: {marker.label} (line {idx + 1}) and "
+                                  f"nothing failed after it; a kill at teardown is not a crash to restart")
 
     if chosen is not None and chosen.priority == ECHO and sig is not None and signal_class(sig) == FC.NATIVE_CRASH:
         # "Terminated" echoes next to a child that itself died of a fault: the fault is the cause.

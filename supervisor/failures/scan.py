@@ -5,15 +5,29 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from ..progress import StepExtractor
 from ..signals import signal_name
 from ..states import FailureClass
 from .patterns import (
-    CAUSE, CONSEQUENCE, EVIDENCE_CHARS, FC, MAX_LINE_CHARS, REFINE_WINDOW, TRACEBACK_MAX_LINES, VERDICT,
-    DEFAULT_PATTERNS, FailurePattern, signal_class,
+    CAUSE,
+    COMPLETION_MARKERS,
+    CONSEQUENCE,
+    DEFAULT_PATTERNS,
+    ECHO,
+    EVIDENCE_CHARS,
+    FC,
+    MAX_LINE_CHARS,
+    REFINE_WINDOW,
+    TORCHRUN_SUMMARY_LABEL,
+    TORCHRUN_SUMMARY_OOM_LABEL,
+    TRACEBACK_MAX_LINES,
+    VERDICT,
+    CompletionMarker,
+    FailurePattern,
+    launcher_signal_class,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -39,6 +53,7 @@ _NODE_PATTERNS = (
     re.compile(r"Node failure on (?P<node>[\w.\-]+)"),
     re.compile(r"STEPD TERMINATED ON (?P<node>[\w.\-]+)"),
     re.compile(r"^(?P<node>[A-Za-z][\w.\-]*):\d+:\d+ \[\d+\] "),  # NCCL's host:pid:tid [dev] prefix
+    re.compile(r"noticed that process rank (?P<rank>\d+) with PID \S+ on node (?P<node>[\w.\-]+)"),  # mpirun
 )
 _SRUN_ECHO = re.compile(r": (?:Killed|Terminated)\b")  # srun lines for tasks killed because another failed
 _ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\)")
@@ -100,8 +115,13 @@ def _split_lines(text: str) -> list[_Line]:
 
 
 def _clean(text: str) -> str:
+    """One line as reported: tabs folded; a long line keeps its start and its end (a launcher prints
+    the whole argv before ``exits with return code = -9``)."""
     text = " ".join(text.split()) if "\t" in text else text.strip()
-    return text if len(text) <= EVIDENCE_CHARS else text[:EVIDENCE_CHARS - 1] + "…"
+    if len(text) <= EVIDENCE_CHARS:
+        return text
+    half = (EVIDENCE_CHARS - 3) // 2
+    return text[:half] + " … " + text[-half:]
 
 
 def _needle_union(patterns: Sequence[FailurePattern]) -> tuple[str, ...] | None:
@@ -242,7 +262,7 @@ def _scan(lines: list[_Line], patterns: Sequence[FailurePattern], union: tuple[s
         if found is None:
             continue
         pat, cls = found
-        matches.append(_Match(line.idx, line.idx, pat, cls, pat.priority, pat.generic, pat.label,
+        matches.append(_Match(line.idx, line.idx, pat, cls, pat.priority, pat.generic, pat.label_for(cls),
                               rank=line.rank, overrides=pat.overrides))
         if "ChildFailedError" in text:
             skip_until = _torchrun_summary(lines, line, matches)
@@ -258,7 +278,7 @@ def _add_exception(lines: list[_Line], line: _Line, body: str, name: str, start:
         matches.append(_Match(line.idx, start, None, cls, CAUSE, False, f"Python exception {name}", rank=line.rank))
         return -1
     pat, cls = found
-    matches.append(_Match(line.idx, start, pat, cls, pat.priority, pat.generic, pat.label,
+    matches.append(_Match(line.idx, start, pat, cls, pat.priority, pat.generic, pat.label_for(cls),
                           rank=line.rank, overrides=pat.overrides))
     if "ChildFailedError" in body:
         return _torchrun_summary(lines, line, matches)
@@ -297,7 +317,7 @@ def _torchrun_summary(lines: list[_Line], line: _Line, matches: list[_Match]) ->
     code = int(code_m.group(1))
     evidence = [fields["exitcode"][0]]
     if code < 0:
-        cls = signal_class(-code)
+        cls = launcher_signal_class(-code)  # torchrun outlived the worker: a SIGKILL is the OOM killer
         if "traceback" in fields:
             evidence.append(fields["traceback"][0])
     else:
@@ -314,7 +334,8 @@ def _torchrun_summary(lines: list[_Line], line: _Line, matches: list[_Match]) ->
     rank_m = re.match(r"(\d+)", fields.get("rank", (0, ""))[1])
     if matches and matches[-1].line == line.idx:
         matches.pop()
-    matches.append(_Match(evidence[0], head, None, cls, CONSEQUENCE, False, "torchrun summary: root cause",
+    label = TORCHRUN_SUMMARY_OOM_LABEL if cls == FC.HOST_OOM else TORCHRUN_SUMMARY_LABEL
+    matches.append(_Match(evidence[0], head, None, cls, CONSEQUENCE, False, label,
                           extra=tuple(evidence[1:]), node=host, rank=int(rank_m.group(1)) if rank_m else None))
     return end
 
@@ -324,12 +345,16 @@ def _torchrun_summary(lines: list[_Line], line: _Line, matches: list[_Match]) ->
 
 
 def _refine(m: _Match, matches: list[_Match], pos: int, lines: list[_Line]) -> _Match:
-    """A generic match takes the class of a specific cause on the next lines of the same stream."""
+    """A generic match takes the class of a specific cause on the next lines of the same stream; a
+    launcher's report of the same death (``mpirun noticed that process rank 0 ... exited on signal
+    11``) only adds where it happened, and a network error explains nothing (a peer that lost its
+    connection to the crashed process prints it; NCCL's own "Last error" counts on its own line)."""
     stream = lines[m.line].stream
     limit = min(len(lines), m.line + 1 + REFINE_WINDOW * 8)  # other streams may interleave
     in_stream = {ln.idx for ln in lines[m.line + 1:limit] if ln.stream in (stream, "")}
     window = sorted(in_stream)[:REFINE_WINDOW]
     last = window[-1] if window else m.line
+    where: _Match | None = None
     for other in matches[pos + 1:]:
         if other.line > last:
             break
@@ -337,9 +362,18 @@ def _refine(m: _Match, matches: list[_Match], pos: int, lines: list[_Line]) -> _
             continue
         if other.generic or other.priority > CONSEQUENCE:
             continue
+        if other.cls == FC.INTERCONNECT:
+            continue  # a network error right after a crash is the peers' reaction to it, not its explanation
+        if other.pattern is not None and other.pattern.child_report:
+            where = where or other
+            continue
         return _Match(m.line, m.start, other.pattern, other.cls, other.priority, False, other.label,
                       extra=(other.line,) + other.extra, node=other.node or m.node, rank=m.rank,
                       overrides=other.overrides)
+    if where is not None:
+        return _Match(m.line, m.start, m.pattern, m.cls, m.priority, False, m.label,
+                      extra=(where.line,) + where.extra, node=where.node or m.node, rank=m.rank,
+                      overrides=m.overrides)
     return m
 
 
@@ -392,9 +426,10 @@ def _choose(matches: list[_Match], lines: list[_Line], steps: _Steps) -> tuple[_
             if seen_failure:
                 continue  # the echo of a failure already seen (an abort after a watchdog timeout)
             m = _refine(m, matches, pos, lines)
-        if m.cls == FC.PYTHON_EXCEPTION and m.pattern is None:
-            if steps.went_on_after(m.line, steps.before(m.start)):
-                continue  # a logged exception after which training went on: not what ended it
+        survivable = (m.cls == FC.PYTHON_EXCEPTION and m.pattern is None) or (m.pattern is not None
+                                                                           and m.pattern.transient)
+        if survivable and steps.went_on_after(m.line, steps.before(m.start)):
+            continue  # a logged exception or a link flap after which training went on: not what ended it
         candidates.append(m)
         if m.priority <= CONSEQUENCE:
             seen_failure = True
@@ -409,6 +444,35 @@ def _choose(matches: list[_Match], lines: list[_Line], steps: _Steps) -> tuple[_
     return chosen, [c for c in candidates if c is not chosen]
 
 
+def _find_completion(lines: list[_Line], matches: list[_Match]) -> tuple[int, CompletionMarker] | None:
+    """The last line that says training finished all its steps, if nothing failed after it.
+
+    After it only a kill's own echoes may follow (``Killed``, ``Terminated``, ``srun: ... task 0:
+    Killed``, a step cancelled): any cause or consequence, a task that exited with an error, a
+    traceback, or a scheduler verdict means something went wrong after all, and the text decides
+    as usual. Used only for a child killed from outside (or of unknown status).
+    """
+    candidates = _candidate_lines(lines, tuple(sorted({n for mk in COMPLETION_MARKERS for n in mk.needles})))
+    found: tuple[int, CompletionMarker] | None = None
+    for idx in sorted(candidates or ()):
+        line = lines[idx]
+        if line.frame:
+            continue
+        marker = next((mk for mk in COMPLETION_MARKERS if mk.regex.search(line.text)), None)
+        if marker is not None:
+            found = (idx, marker)
+    if found is None:
+        return None
+    for m in matches:
+        if m.line > found[0] and (m.priority < ECHO or m.cls not in (FC.KILLED, FC.CANCELLED)):
+            return None
+    return found
+
+
+def _has_name(node: str) -> bool:
+    """A host name has a letter or digit (redacted logs print ``...``)."""
+    return any(ch.isalnum() for ch in node)
+
 
 def _locate(chosen: _Match, lines: list[_Line]) -> tuple[str | None, int | None]:
     node, rank = chosen.node, chosen.rank
@@ -416,7 +480,7 @@ def _locate(chosen: _Match, lines: list[_Line]) -> tuple[str | None, int | None]
         text = lines[idx].text
         for rx in _NODE_PATTERNS:
             m = rx.search(text)
-            if m is None:
+            if m is None or not _has_name(m.group("node")):
                 continue
             node = node or m.group("node")
             if rank is None and "rank" in rx.groupindex and m.group("rank") is not None:
@@ -429,6 +493,8 @@ def _locate(chosen: _Match, lines: list[_Line]) -> tuple[str | None, int | None]
         for line in lines:
             m = rx.search(line.text)
             if m is None:
+                continue
+            if not _has_name(m.group("node")):
                 continue
             if rank is not None and int(m.group("rank")) == rank:
                 return m.group("node"), rank
