@@ -1,10 +1,10 @@
-"""Stop notices, the deadline they carry, save arbitration and the requeue decision (DESIGN.md §5).
+"""Stop notices, the deadline they carry, save arbitration and the requeue decision.
 
 Everything here is pure: plain data in, a frozen dataclass with a ``reason`` out; ``now`` is always
 passed in. The run loop (``supervisor.run``) gathers the facts (signals, ``scontrol show job``,
 the event log, the control channel) and carries the decisions out.
 
-Facts this rests on (research/slurm-semantics.md §1-§3, verified on Slurm 22.05.8):
+Facts this rests on (docs/slurm-versions.md, verified on Slurm 22.05.8):
 
 * During grace ``scontrol show job`` shows ``PreemptTime=t0`` and ``EndTime=t0+GraceTime``. EndTime is
   the deadline to plan for: the real kill lands between EndTime and EndTime+30 s (the controller's
@@ -192,7 +192,10 @@ def notice_for(
     preempt_time = _epoch(getattr(job, "preempt_time", None)) if job is not None else None
     end_time = _epoch(getattr(job, "end_time", None)) if job is not None else None
     state = getattr(job, "state", None) if job is not None else None
-    norm = (lambda s: s.upper().removeprefix("SIG") if s else None)
+
+    def norm(name: str | None) -> str | None:
+        return name.upper().removeprefix("SIG") if name else None
+
     is_warning = (preempt_time is None and time_limit_signal is not None
                   and norm(signal_name) == norm(time_limit_signal))
     limit_reached = preempt_time is None and end_time is not None and end_time <= received_at + _TIME_LIMIT_SLACK_S
@@ -445,7 +448,7 @@ def arbitrate(
     * otherwise STOP_NOW. Finishing exactly at ``deadline - margin`` counts as in time.
     """
     budget = deadline - margin - now
-    common = dict(now=now, deadline=deadline, margin=margin, remaining_s=deadline - now, budget_s=budget)
+    common: dict[str, Any] = dict(now=now, deadline=deadline, margin=margin, remaining_s=deadline - now, budget_s=budget)
 
     if in_flight is not None:
         est = history.expected_remaining(in_flight, now)
@@ -507,12 +510,15 @@ def after_block(
     rest of the grace to a clean stop and the requeue. ``deadline - margin`` itself is the hard line.
     A guessed estimate (no history) never aborts early.
     """
-    if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+    if isinstance(expected, bool):
+        expected = None
+    elif isinstance(expected, (int, float)):
         expected = Estimate(float(expected), "given", 0)
     budget = deadline - margin - now
     elapsed = max(now - save_started_at, 0.0)
     what = _what(in_flight) if in_flight is not None else "save"
-    common = dict(now=now, deadline=deadline, margin=margin, remaining_s=deadline - now, budget_s=budget,
+    common: dict[str, Any] = dict(
+                  now=now, deadline=deadline, margin=margin, remaining_s=deadline - now, budget_s=budget,
                   expected_s=expected.seconds if expected else None, basis=expected.basis if expected else None,
                   samples=expected.samples if expected else 0, guess=expected.guess if expected else False,
                   save_elapsed_s=elapsed, save_path=in_flight.path if in_flight else None,

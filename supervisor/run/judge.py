@@ -14,10 +14,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from ..budget import BudgetVerdict, judge
-from ..config import BudgetConfig, ClassPolicy
+from ..config import BudgetConfig
 from ..errors import ExitCode
 from ..failures import Failure
-from ..policy import Decision, action_for, decide
+from ..policy import ClassPolicy, Decision, action_for, decide
 from ..states import Action, FailureClass, RunOutcome
 
 EXIT_CANCELLED = 130  # a person's Ctrl-C or scancel, as a shell reports SIGINT
