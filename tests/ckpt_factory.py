@@ -259,3 +259,88 @@ def save_hostile(path: str | os.PathLike[str], marker: str | os.PathLike[str], s
            "payload": CreatesFile(str(marker)), "shell": RunsShell(str(marker))}
     torch.save(obj, path, _use_new_zipfile_serialization=not legacy)
     return path
+
+
+# ---------------------------------------------------------------------------- crafted pickles and zips
+#
+# Raw pickle bytes (never produced by unpickling anything) for the scanner's hostile-input tests,
+# and torch.save-layout zips around them (torch's own PyTorchFileWriter: 64-byte aligned records,
+# ZIP64 trailer), so the only thing wrong with the file is the pickle.
+
+
+def pickle_stack_global(module: str, name: str, arg: str = "true") -> bytes:
+    """Protocol 4: ``module``/``name`` via STACK_GLOBAL (a dotted name allowed), called with one
+    string argument."""
+    def short(text: str) -> bytes:
+        raw = text.encode()
+        return b"\x8c" + bytes([len(raw)]) + raw
+
+    return b"\x80\x04" + short(module) + short(name) + b"\x93" + short(arg) + b"\x85R."
+
+
+def pickle_global_call(module: str, name: str, *args: str) -> bytes:
+    """Protocol 2: GLOBAL ``module name`` called with string arguments."""
+    body = b"".join(b"X" + struct.pack("<I", len(a.encode())) + a.encode() for a in args)
+    return b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\n(" + body + b"tR."
+
+
+def pickle_dict(**items: int) -> bytes:
+    """Protocol 2: a plain {str: int} dict (what a benign checkpoint's top level looks like)."""
+    body = b"".join(b"X" + struct.pack("<I", len(k)) + k.encode() + b"J" + struct.pack("<i", v) for k, v in items.items())
+    return b"\x80\x02}(" + body + b"u."
+
+
+def pickle_nested_tuple_key(depth: int) -> bytes:
+    """{(((...),),): 1} with ``depth`` levels: hashing that key recurses ``depth`` deep in C."""
+    return b"\x80\x02}(" + b")" + b"\x85" * depth + b"K\x01u."
+
+
+def pickle_many_ops(count: int) -> bytes:
+    """A valid pickle of ``count`` NONE/POP pairs: cheap to write, ``2 * count`` opcodes to walk."""
+    return b"\x80\x02" + b"N0" * count + b"N."
+
+
+def torch_zip_with_pickle(path: str | os.PathLike[str], pkl: bytes,
+                          records: dict[str, bytes] | None = None) -> Path:
+    """A file in torch.save's exact zip layout whose data.pkl is ``pkl`` (plus ``records``,
+    e.g. ``{"data/0": raw bytes}``)."""
+    path = Path(path)
+    writer = torch._C.PyTorchFileWriter(str(path))
+    writer.write_record("data.pkl", pkl, len(pkl))
+    for name, data in (("byteorder", b"little"), *(records or {}).items()):
+        writer.write_record(name, data, len(data))
+    writer.write_record(".format_version", b"1", 1)
+    writer.write_record(".storage_alignment", b"64", 2)
+    writer.write_end_of_file()
+    return path
+
+
+def data_pkl_of(path: str | os.PathLike[str]) -> bytes:
+    with zipfile.ZipFile(path) as archive:
+        return archive.read(next(n for n in archive.namelist() if n.endswith("/data.pkl")))
+
+
+def with_data_pkl(src: str | os.PathLike[str], dst: str | os.PathLike[str], pkl: bytes) -> Path:
+    """A copy of the real torch.save file ``src`` (all its tensor records) with data.pkl replaced."""
+    with zipfile.ZipFile(src) as archive:
+        prefix = archive.namelist()[0].split("/", 1)[0] + "/"
+        records = {n[len(prefix):]: archive.read(n) for n in archive.namelist()
+                   if n.startswith(prefix + "data/")}
+    return torch_zip_with_pickle(dst, pkl, records)
+
+
+def deflate_bomb_zip(path: str | os.PathLike[str], inflated_mb: int = 300, size_field: int | None = None) -> Path:
+    """A torch-style zip whose data.pkl is deflated: ~``inflated_mb`` MB of opcodes in a small
+    file. ``size_field`` overwrites the uncompressed size recorded in the central directory
+    (a lying header)."""
+    path = Path(path)
+    pkl = pickle_many_ops((inflated_mb << 20) // 2)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        archive.writestr("archive/data.pkl", pkl)
+        archive.writestr(zipfile.ZipInfo("archive/.format_version"), b"1")
+    if size_field is not None:
+        raw = bytearray(path.read_bytes())
+        cd = raw.rfind(b"PK\x01\x02", 0, raw.rfind(b"PK\x01\x02"))  # the data.pkl entry (first of two)
+        struct.pack_into("<I", raw, cd + 24, size_field)
+        path.write_bytes(bytes(raw))
+    return path

@@ -1,5 +1,5 @@
 """Checkpoint integrity: formats, the validation ladder, resume-point choice, quarantine,
-retention, atomic save and save detection (DESIGN.md §6).
+retention, atomic save and save detection.
 
 Never imports torch and never unpickles a checkpoint. Names are exported lazily so that the
 training-side client can ``import supervisor.checkpoints.atomic`` (stdlib only) without loading
@@ -9,8 +9,11 @@ unambiguous aliases (``supervisor.checkpoints.validate`` etc. stay the modules):
     validate_checkpoint(path, deep=False) -> CheckpointReport      # = validate.validate
     scan_checkpoints(ckpt_dir, deep=False) -> list[CheckpointReport]  # = scan.scan
     quarantine_checkpoint(report, ckpt_dir, tag) -> QuarantineRecord  # = quarantine.quarantine
-    choose_resume_point(reports) -> ResumeDecision                 # pure
-    find_resume_point(ckpt_dir, *, quarantine, quarantine_tag, deep_confirm) -> ResumeResult
+    choose_resume_point(reports, *, require_verified=False) -> ResumeDecision  # pure
+    find_resume_point(ckpt_dir, *, quarantine, quarantine_tag, deep_confirm, writers_alive,
+                      extra_safe_globals) -> ResumeResult
+    embedded_step(path) -> StepInfo | None                         # = stepinfo.embedded_step
+    SAFE_GLOBAL_GROUPS                                             # = allowlist.SAFE_GLOBAL_GROUPS
     quarantine_tag() -> str
     atomic_writer(path), atomic_write_bytes(path, data), atomic_torch_save(obj, path)
     update_last(step_path, last_path), prune(ckpt_dir, keep, protect), plan_prune(...)
@@ -39,17 +42,20 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "atomic_write_bytes": ("atomic", "atomic_write_bytes"),
     "atomic_torch_save": ("atomic", "atomic_torch_save"),
     "update_last": ("atomic", "update_last"),
-    "prune": ("atomic", "prune"),
+    "prune": ("prune", "prune"),
     "plan_prune": ("retention", "plan_prune"),
     "PrunePlan": ("retention", "PrunePlan"),
     "DirWatcher": ("watch", "DirWatcher"),
     "SaveActivity": ("watch", "SaveActivity"),
     "CompletedSave": ("watch", "CompletedSave"),
+    "embedded_step": ("stepinfo", "embedded_step"),
+    "StepInfo": ("stepinfo", "StepInfo"),
+    "SAFE_GLOBAL_GROUPS": ("allowlist", "SAFE_GLOBAL_GROUPS"),
     "parse_name": ("naming", "parse_name"),
     "step_from_name": ("naming", "step_from_name"),
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [*sorted(_EXPORTS)]
 
 
 def __getattr__(name: str) -> Any:

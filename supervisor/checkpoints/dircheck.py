@@ -9,17 +9,31 @@ and runs the file ladder on each. Reasons say exactly what was checked.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..states import Verdict
 from . import formats as F
-from .filecheck import check_file, check_safetensors, read_tensor_int
+from .allowlist import allowed_for
+from .filecheck import check_file, check_safetensors, read_tensor_int, unsafe_reason
+from .fsio import describe_oserror, read_regular, regular_fd
+from .limits import MAX_PICKLE_BYTES, MAX_SHARDS, MAX_SMALL_FILE, ScanLimitError
 from .naming import has_checkpoint_suffix, step_from_name
 from .outcome import Outcome, corrupt, unverifiable, valid, worst
-from .picklescan import STEP_KEYS, Call, PickleScanError, as_mapping, is_tensor, scan_pickle
+from .picklescan import (
+    STEP_KEYS,
+    Call,
+    PickleScanError,
+    as_mapping,
+    is_tensor,
+    plain_int,
+    scan_pickle,
+)
 from .zipcheck import (
     ZipCheckError,
     cached_crc_check,
@@ -36,6 +50,21 @@ MTIME_SPREAD_LIMIT_S = 600.0
 _MAX_WALK_FILES = 10_000
 
 
+def _member(path: str, label: str, *, deep: bool, max_level: int = 3) -> Outcome:
+    """check_file on a file inside a directory checkpoint; an OSError (a FIFO, a symlink loop, no
+    permission) becomes this member's verdict instead of failing the whole directory's check."""
+    try:
+        outcome = check_file(path, deep=deep, max_level=max_level)
+    except OSError as exc:
+        outcome = unverifiable(F.UNKNOWN, 0, f"cannot read: {describe_oserror(exc)}", load_safe=False)
+    return outcome.but(reason=f"{label}: {outcome.reason}")
+
+
+def _read_text(path: str, limit: int = MAX_SMALL_FILE) -> str:
+    """A small text file (JSON sidecar, DeepSpeed 'latest'), regular files only, bounded."""
+    return read_regular(path, limit).decode("utf-8", errors="replace")
+
+
 def check_dir(path: str, *, deep: bool = False, depth: int = 0) -> Outcome:
     """Dispatch on the directory's detected format."""
     fmt = F.detect_dir(path)
@@ -45,7 +74,7 @@ def check_dir(path: str, *, deep: bool = False, depth: int = 0) -> Outcome:
         return check_lightning_deepspeed(path, deep=deep)
     if fmt == F.DEEPSPEED:
         names = os.listdir(path)
-        if any(n.endswith("_model_states.pt") or n.endswith("_optim_states.pt") for n in names):
+        if any(n.endswith(("_model_states.pt", "_optim_states.pt")) for n in names):
             return check_deepspeed_tag(path, deep=deep)
         return check_deepspeed_save_dir(path, deep=deep)
     if fmt == F.HF_TRAINER:
@@ -73,14 +102,23 @@ def check_dcp(path: str, *, deep: bool = False) -> Outcome:
     understood = True
     for name in metadata:
         meta_path = os.path.join(path, name)
-        with open(meta_path, "rb") as handle:
-            data = handle.read()
+        try:
+            data = read_regular(meta_path, MAX_PICKLE_BYTES)
+        except ScanLimitError as exc:
+            return unverifiable(fmt, 1, f"{name}: {exc.reason}", load_safe=False)
         if not data:
             return corrupt(fmt, 1, f"{name} is empty")
-        try:
-            root = scan_pickle(data).root
+        try:  # DCP reads .metadata with plain pickle.load: its globals are a code path too
+            scan = scan_pickle(data)
         except PickleScanError as exc:
             return corrupt(fmt, 2, f"{name}: {exc}")
+        except ScanLimitError as exc:
+            return unverifiable(fmt, 2, f"{name}: {exc.reason}", load_safe=False)
+        if scan.end != len(data):
+            return corrupt(fmt, 2, f"{name}: {len(data) - scan.end} bytes after the pickle", load_safe=False)
+        if unsafe := unsafe_reason([scan], allowed_for(name)):
+            return corrupt(fmt, 2, f"{name}: {unsafe}", load_safe=False)
+        root = scan.root
         found = _dcp_items(root)
         understood = understood and found is not None
         items.extend(found or [])
@@ -89,14 +127,19 @@ def check_dcp(path: str, *, deep: bool = False) -> Outcome:
         return _dcp_fallback(path, shard_names)
     need: dict[str, int] = {}
     for rel, offset, length, *_ in items:
-        if os.path.isabs(rel) or ".." in Path(rel).parts:
-            return corrupt(fmt, 2, f"manifest names a path outside the checkpoint: {rel!r}")
+        if os.path.isabs(rel) or ".." in Path(rel).parts or "\0" in rel:
+            return corrupt(fmt, 2, f"manifest names a path outside the checkpoint: {rel[:80]!r}")
+        if offset < 0 or length < 0:
+            return corrupt(fmt, 2, f"manifest gives {rel[:80]!r} a negative extent")
         need[rel] = max(need.get(rel, 0), offset + length)
     for rel, end in sorted(need.items()):
         try:
-            size = os.stat(os.path.join(path, rel)).st_size
+            st = os.stat(os.path.join(path, rel))
         except FileNotFoundError:
             return corrupt(fmt, 2, f"shard {rel} listed in .metadata is missing")
+        if not stat.S_ISREG(st.st_mode):
+            return unverifiable(fmt, 2, f"shard {rel} is not a regular file", load_safe=False)
+        size = st.st_size
         if size < end:
             return corrupt(fmt, 2, f"shard {rel} has {size} bytes, .metadata needs {end} (truncated)")
     return _dcp_items_framing(path, items, len(need), deep)
@@ -113,7 +156,7 @@ def _dcp_items(root: Any) -> list[tuple[str, int, int, str, bool]] | None:
     for index, info in storage_data.items():
         attrs = info.attrs() if isinstance(info, Call) else {}
         rel, offset, length = attrs.get("relative_path"), attrs.get("offset"), attrs.get("length")
-        if not (isinstance(rel, str) and isinstance(offset, int) and isinstance(length, int)):
+        if not (isinstance(rel, str) and type(offset) is int and type(length) is int):
             return None
         fqn = index.attrs().get("fqn") if isinstance(index, Call) else None
         transformed = bool(attrs.get("transform_descriptors"))
@@ -125,7 +168,7 @@ def _dcp_fallback(path: str, shard_names: list[str]) -> Outcome:
     if not shard_names:
         return unverifiable(F.DCP, 1, ".metadata present but its layout was not understood and no .distcp files exist")
     for name in shard_names:
-        if os.path.getsize(os.path.join(path, name)) == 0:
+        if os.stat(os.path.join(path, name)).st_size == 0:
             return corrupt(F.DCP, 1, f"shard {name} is empty (0 bytes)")
     return valid(F.DCP, 1, f".metadata present, {len(shard_names)} shard files nonempty "
                            "(manifest layout not understood: item extents not checked)")
@@ -145,9 +188,7 @@ def _dcp_items_framing(path: str, items: list[tuple[str, int, int, str, bool]], 
         by_file.setdefault(rel, []).append((offset, length, fqn, transformed))
     for rel, spans in by_file.items():
         shard = os.path.join(path, rel)
-        with open(shard, "rb", buffering=0) as handle:
-            fd = handle.fileno()
-            st = os.fstat(fd)
+        with regular_fd(shard) as (fd, st):
             blob_checked = False
             for offset, length, fqn, transformed in spans:
                 head = pread_exact(fd, 9, offset)
@@ -171,7 +212,11 @@ def _dcp_items_framing(path: str, items: list[tuple[str, int, int, str, bool]], 
                         if _is_step_fqn(fqn) and step is None:
                             step = _item_int(fd, offset, length)
                         if deep:
-                            crc = cached_crc_check(fd, offset, index, crc_cache_key(shard, st, offset))
+                            try:
+                                crc = cached_crc_check(fd, offset, index, crc_cache_key(shard, st, offset))
+                            except ScanLimitError:  # a compressed item too large to inflate: no CRC read
+                                crc_missing = True
+                                continue
                             if crc.verifiable and not crc.ok:
                                 return corrupt(fmt, 4, f"item {fqn or offset} in {rel}: {crc.reason}")
                             crc_missing = crc_missing or not crc.verifiable
@@ -200,25 +245,26 @@ def _item_int(fd: int, base: int, length: int) -> int | None:
         if pkl is None or pkl.size > 1 << 20:
             return None
         root = scan_pickle(read_entry(fd, base, pkl)).root
-    except (ZipCheckError, PickleScanError):
+    except (ZipCheckError, PickleScanError, ScanLimitError):
         return None
-    if isinstance(root, int) and not isinstance(root, bool):
+    if plain_int(root) is not None:
         return root
-    return read_tensor_int(fd, base, index, root) if is_tensor(root) else None
+    return plain_int(read_tensor_int(fd, base, index, root)) if is_tensor(root) else None
 
 
 # ---------------------------------------------------------------------------- DeepSpeed
 
-_OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-_ZERO3_MODEL = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
-_MP_MODEL = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+_OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_([0-9]{1,7})_mp_rank_([0-9]{1,7})_optim_states\.pt$", re.ASCII)
+_ZERO3_MODEL = re.compile(r"^zero_pp_rank_([0-9]{1,7})_mp_rank_([0-9]{1,7})_model_states\.pt$", re.ASCII)
+_MP_MODEL = re.compile(r"^mp_rank_([0-9]{1,7})_model_states\.pt$", re.ASCII)
 
 
 def check_deepspeed_tag(path: str, *, deep: bool = False, in_place: bool = False,
                         reference_mtime: float | None = None) -> Outcome:
     """A ``global_stepN/`` tag: the model states give ``dp_world_size``/``mp_world_size``; every
-    implied model and optimizer shard must exist and pass L1-L2 (L4 with ``deep``); shard mtimes
-    must lie in one save window (``in_place`` tags, rewritten each save, are corrupt otherwise)."""
+    implied model and optimizer shard must exist and pass L1-L3 (L4 with ``deep``): DeepSpeed
+    unpickles every shard, so every shard's pickle is scanned. Shard mtimes must lie in one save
+    window (``in_place`` tags, rewritten each save, are corrupt otherwise)."""
     fmt = F.DEEPSPEED
     names = sorted(os.listdir(path))
     model_files = [n for n in names if n.endswith("_model_states.pt")]
@@ -231,22 +277,26 @@ def check_deepspeed_tag(path: str, *, deep: bool = False, in_place: bool = False
         "zero_pp_rank_0_mp_rank_00_model_states.pt" if zero3 else model_files[0])
     if primary not in names:
         return corrupt(fmt, 2, f"{primary} is missing")
-    head = check_file(os.path.join(path, primary), deep=deep)
+    head = _member(os.path.join(path, primary), primary, deep=deep)
     if head.verdict is not Verdict.VALID and not (deep and head.verdict is Verdict.UNVERIFIABLE):
-        return head.but(format=fmt, reason=f"{primary}: {head.reason}")
+        return head.but(format=fmt)
     facts = dict(head.facts)
     dp, mp = facts.get("dp_world_size"), facts.get("mp_world_size", 1)
+    if any(type(v) is int and v > MAX_SHARDS for v in (dp, mp)) or (
+            type(dp) is int and type(mp) is int and dp * mp > MAX_SHARDS):
+        return corrupt(fmt, 3, f"{primary}: implausible world size (dp_world_size={dp}, mp_world_size={mp})")
     expected, note = _expected_deepspeed_files(names, dp, mp, zero3, optim_files, facts.get("zero_stage"))
+    if expected is None:
+        return corrupt(fmt, 2, note)
     missing = sorted(set(expected) - set(names))
     if missing:
         shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
         return corrupt(fmt, 2, f"missing shard(s) {shown} ({note})")
-    outcomes: list[Outcome] = []
+    outcomes: list[Outcome] = [head] if head.verdict is not Verdict.VALID else []
     shard_files = [n for n in names if n.endswith(".pt") and n != primary]
     for name in shard_files:
-        level = 3 if (name == (optim_files[0] if optim_files else None) or _MP_MODEL.match(name)) else 2
-        outcome = check_file(os.path.join(path, name), deep=deep, max_level=level)
-        outcomes.append(outcome.but(reason=f"{name}: {outcome.reason}"))
+        outcome = _member(os.path.join(path, name), name, deep=deep)
+        outcomes.append(outcome)
         if name == (optim_files[0] if optim_files else None) and outcome.verdict is Verdict.VALID:
             problem = _partition_problem(outcome.facts, len([n for n in optim_files if n.endswith("_mp_rank_00_optim_states.pt")]))
             if problem:
@@ -266,22 +316,26 @@ def check_deepspeed_tag(path: str, *, deep: bool = False, in_place: bool = False
 
 
 def _expected_deepspeed_files(names: list[str], dp: Any, mp: Any, zero3: bool, optim_files: list[str],
-                              zero_stage: Any) -> tuple[list[str], str]:
-    if not isinstance(mp, int) or mp < 1:
+                              zero_stage: Any) -> tuple[list[str] | None, str]:
+    """The shard names the world size implies; (None, reason) when the shards present imply more
+    than MAX_SHARDS files (a damaged or crafted name, not a DeepSpeed save)."""
+    if type(mp) is not int or mp < 1:
         mp = 1
-    if not isinstance(dp, int) or dp < 1:
+    if type(dp) is not int or dp < 1:
         ranks = [int(m.group(2)) for m in map(_OPTIM.match, optim_files) if m]
         dp = max(ranks) + 1 if ranks else 1
         note = f"dp_world_size not recorded; inferred {dp} from the shards present"
     else:
         note = f"dp_world_size={dp}, mp_world_size={mp}"
+    if dp * mp > MAX_SHARDS:
+        return None, f"implausible shard names: they imply {dp * mp:,} shards ({note})"
     expected = []
     for m in range(mp):
         if zero3:
             expected += [f"zero_pp_rank_{d}_mp_rank_{m:02d}_model_states.pt" for d in range(dp)]
         else:
             expected.append(f"mp_rank_{m:02d}_model_states.pt")
-    has_optim = bool(optim_files) or (isinstance(zero_stage, int) and zero_stage >= 1)
+    has_optim = bool(optim_files) or (type(zero_stage) is int and zero_stage >= 1)
     if has_optim:
         prefix = "bf16_" if any(n.startswith("bf16_") for n in optim_files) else ""
         for m in range(mp):
@@ -316,15 +370,16 @@ def check_deepspeed_save_dir(path: str, *, deep: bool = False) -> Outcome:
     fmt = F.DEEPSPEED
     latest = os.path.join(path, "latest")
     try:
-        with open(latest, encoding="utf-8", errors="replace") as handle:
-            tag = handle.read().strip()
+        tag = _read_text(latest, 4096).strip()
     except FileNotFoundError:
         return unverifiable(fmt, 0, "DeepSpeed save dir without 'latest': check its global_step*/ dirs one by one")
+    except ScanLimitError:
+        return corrupt(fmt, 1, "'latest' is not a tag name (over 4 KiB)")
     if not tag:
         return corrupt(fmt, 1, "'latest' is empty (lost in a crash before it reached disk)")
     tag_dir = os.path.join(path, tag)
-    if os.path.sep in tag or not os.path.isdir(tag_dir):
-        return corrupt(fmt, 1, f"'latest' names tag {tag!r}, which does not exist")
+    if os.path.sep in tag or "\0" in tag or tag in (".", "..") or not os.path.isdir(tag_dir):
+        return corrupt(fmt, 1, f"'latest' names tag {tag[:80]!r}, which does not exist")
     outcome = check_deepspeed_tag(tag_dir, deep=deep, reference_mtime=os.stat(latest).st_mtime)
     step = outcome.embedded_step if outcome.embedded_step is not None else step_from_name(tag)
     return outcome.but(reason=f"tag {tag}: {outcome.reason}", embedded_step=step)
@@ -336,17 +391,21 @@ def check_lightning_deepspeed(path: str, *, deep: bool = False) -> Outcome:
     latest = os.path.join(path, "latest")
     tag = "checkpoint"
     if os.path.isfile(latest):
-        with open(latest, encoding="utf-8", errors="replace") as handle:
-            tag = handle.read().strip() or tag
+        try:
+            tag = _read_text(latest, 4096).strip() or tag
+        except ScanLimitError:
+            return corrupt(F.LIGHTNING_DEEPSPEED, 1, "'latest' is not a tag name (over 4 KiB)")
     tag_dir = os.path.join(path, tag)
-    if not os.path.isdir(tag_dir):
-        return corrupt(F.LIGHTNING_DEEPSPEED, 1, f"tag dir {tag}/ missing")
+    if os.path.sep in tag or "\0" in tag or tag in (".", "..") or not os.path.isdir(tag_dir):
+        return corrupt(F.LIGHTNING_DEEPSPEED, 1, f"tag dir {tag[:80]}/ missing")
     outcome = check_deepspeed_tag(tag_dir, deep=deep, in_place=True)
     return outcome.but(format=F.LIGHTNING_DEEPSPEED, reason=f"{tag}/: {outcome.reason}")
 
 
 # ---------------------------------------------------------------------------- HF Trainer
 
+_RNG_STATE = re.compile(r"^rng_state_([0-9]{1,9})\.pth$", re.ASCII)
+_TRAINING_ARGS = "training_args.bin"
 _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json",
                    "adapter_model.safetensors.index.json")
 
@@ -360,34 +419,42 @@ def check_hf(path: str, *, deep: bool = False, depth: int = 0) -> Outcome:
     if "trainer_state.json" not in names:
         return corrupt(fmt, 1, "trainer_state.json missing: HF Trainer writes it last, so the save did not finish")
     try:
-        with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as handle:
-            state = json.load(handle)
+        state = json.loads(read_regular(os.path.join(path, "trainer_state.json"), MAX_PICKLE_BYTES))
         step = state.get("global_step")
         epoch = state.get("epoch")
-    except (ValueError, UnicodeDecodeError, AttributeError) as exc:
+    except ScanLimitError as exc:
+        return unverifiable(fmt, 1, f"trainer_state.json: {exc.reason}", embedded_step=step_from_name(os.path.basename(path)))
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError) as exc:
         return corrupt(fmt, 1, f"trainer_state.json unreadable ({type(exc).__name__}): torn write")
-    if not isinstance(step, int) or isinstance(step, bool):
+    if plain_int(step) is None:
         return corrupt(fmt, 1, "trainer_state.json has no integer global_step")
     for index_name in (n for n in _WEIGHT_INDEXES if n in names):
         try:
-            with open(os.path.join(path, index_name), encoding="utf-8") as handle:
-                weight_map = json.load(handle)["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            weight_map = json.loads(read_regular(os.path.join(path, index_name), MAX_PICKLE_BYTES))["weight_map"]
+            shards = sorted({str(v) for v in weight_map.values()})
+        except ScanLimitError as exc:
+            return unverifiable(fmt, 2, f"{index_name}: {exc.reason}", embedded_step=step)
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError):
             return corrupt(fmt, 2, f"{index_name} unreadable")
         missing = [s for s in shards if s not in names]
         if missing:
             return corrupt(fmt, 2, f"shard {missing[0]} named in {index_name} is missing")
-    files = [n for n in names if has_checkpoint_suffix(n) and os.path.isfile(os.path.join(path, n))]
+    files = [n for n in names if has_checkpoint_suffix(n) and not os.path.isdir(os.path.join(path, n))]
     subdirs = [n for n in names if os.path.isdir(os.path.join(path, n))]
-    rng = sorted(int(m.group(1)) for m in map(re.compile(r"^rng_state_(\d+)\.pth$").match, names) if m)
+    rng = sorted(int(m.group(1)) for m in map(_RNG_STATE.match, names) if m)
+    if rng and rng[-1] >= MAX_SHARDS:
+        return corrupt(fmt, 2, f"rng_state_{rng[-1]}.pth: implausible rank")
     if rng and rng != list(range(rng[-1] + 1)):
         gap = min(set(range(rng[-1] + 1)) - set(rng))
         return corrupt(fmt, 2, f"rng_state_{gap}.pth missing (ranks 0..{rng[-1]} saved the others)")
     outcomes = []
     for name in files:
-        outcome = check_file(os.path.join(path, name), deep=deep)
-        outcomes.append(outcome.but(reason=f"{name}: {outcome.reason}"))
+        outcome = _member(os.path.join(path, name), name, deep=deep)
+        if name == _TRAINING_ARGS and outcome.verdict is Verdict.CORRUPT and not outcome.load_safe:
+            # Trainer never loads training_args.bin on resume; subclasses from other libraries
+            # (TRL's SFTConfig...) are not on the allowlist: unknown, not torn.
+            outcome = unverifiable(fmt, 3, f"{outcome.reason} (HF Trainer does not load it on resume)")
+        outcomes.append(outcome)
     nested = [n for n in subdirs if F.detect_dir(os.path.join(path, n)) in (F.DCP, F.DEEPSPEED)]
     for name in nested:
         outcome = check_dir(os.path.join(path, name), deep=deep, depth=depth + 1)
@@ -403,7 +470,14 @@ def check_hf(path: str, *, deep: bool = False, depth: int = 0) -> Outcome:
                             embedded_step=step)
     level = 4 if deep and any(o.level >= 4 for o in outcomes) else 3
     return valid(fmt, level, f"trainer_state.json global_step={step}; {len(outcomes)} files/dirs intact",
-                 embedded_step=step, epoch=int(epoch) if isinstance(epoch, (int, float)) else None)
+                 embedded_step=step, epoch=_whole_epoch(epoch))
+
+
+def _whole_epoch(epoch: Any) -> int | None:
+    """trainer_state.json's epoch is a float (1.0, 2.5); JSON also allows Infinity and NaN."""
+    if isinstance(epoch, float) and math.isfinite(epoch):
+        return plain_int(int(epoch))
+    return plain_int(epoch)
 
 
 # ---------------------------------------------------------------------------- any directory
@@ -418,8 +492,7 @@ def check_generic_dir(path: str, *, deep: bool = False, depth: int = 0) -> Outco
         return unverifiable(fmt, 0, "directory holds no checkpoint files")
     outcomes = []
     for rel in files:
-        outcome = check_file(os.path.join(path, rel), deep=deep)
-        outcomes.append(outcome.but(reason=f"{rel}: {outcome.reason}"))
+        outcomes.append(_member(os.path.join(path, rel), rel, deep=deep))
     for rel in nested:
         outcome = check_dir(os.path.join(path, rel), deep=deep, depth=depth + 1)
         outcomes.append(outcome.but(reason=f"{rel}/: {outcome.reason}"))
@@ -446,14 +519,13 @@ def _walk(path: str, max_depth: int) -> tuple[list[str], list[str]]:
             child = os.path.join(rel, entry.name)
             if entry.name.startswith(".") or entry.is_symlink():
                 continue
-            if entry.is_dir():
+            if entry.is_dir(follow_symlinks=False):
                 if F.detect_dir(entry.path) in (F.DCP, F.DEEPSPEED, F.LIGHTNING_DEEPSPEED):
                     nested.append(child)
                 elif level + 1 < max_depth:
                     todo.append((child, level + 1))
-            elif has_checkpoint_suffix(entry.name) or entry.name.endswith(".distcp"):
-                if not entry.name.endswith(".distcp"):
-                    files.append(child)
+            elif has_checkpoint_suffix(entry.name):
+                files.append(child)  # a FIFO or device too: its check reports it, never opens it
     return sorted(files), sorted(nested)
 
 

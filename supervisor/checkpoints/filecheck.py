@@ -1,6 +1,7 @@
 """The validation ladder for single-file checkpoints: torch zip, torch legacy, safetensors and
 plain pickles. Reads a few hundred bytes plus the (small) pickle up to L3; L4 reads everything.
-Never unpickles for real: pickles are walked by :mod:`.picklescan`.
+Never unpickles for real: pickles are walked by :mod:`.picklescan`, and a checkpoint whose pickle
+names a global outside :mod:`.allowlist` is CORRUPT ("unsafe pickle"), never a resume point.
 """
 
 from __future__ import annotations
@@ -8,11 +9,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 import zlib
 from typing import Any
 
+from ..states import Verdict
 from . import formats as F
+from .allowlist import allowed_for, disallowed
+from .fsio import regular_fd
+from .limits import MAX_PICKLE_BYTES, MAX_PICKLE_OPS, MAX_STEP, ScanLimitError
 from .outcome import Outcome, corrupt, unverifiable, valid
 from .picklescan import (
     STEP_KEYS,
@@ -20,13 +26,15 @@ from .picklescan import (
     PersistentRef,
     PickleScan,
     PickleScanError,
+    TruncatedPickle,
     as_mapping,
-    embedded_epoch,
-    embedded_step,
+    describe,
+    find_epoch,
+    find_step,
     find_value,
     is_tensor,
+    plain_int,
     scan_pickle,
-    unsafe_globals,
 )
 from .zipcheck import (
     ZipCheckError,
@@ -40,41 +48,50 @@ from .zipcheck import (
     read_trailer,
 )
 
-MAX_PICKLE_BYTES = 1 << 30  # a data.pkl or plain pickle larger than this is scanned only with deep
 # Scalars copied out of a checkpoint's top-level mapping (DeepSpeed world sizes, steps, versions).
 _FACT_TYPES = (int, str, float, bool)
+_MAX_FACT_TEXT = 256
+_LEGACY_FIRST_READ = 1 << 20
 
 
-def check_file(path: str, *, deep: bool = False, max_level: int = 3) -> Outcome:
-    """Run the ladder on one regular file (L1..``max_level``; L4 too when ``deep``).
+def check_file(path: str, *, deep: bool = False, max_level: int = 3,
+               allowed: frozenset[tuple[str, str]] | None = None) -> Outcome:
+    """Run the ladder on one regular file (L1..``max_level``; L4 too when ``deep``). ``allowed``:
+    the globals its pickles may name (default: the allowlist for this file name).
 
-    Raises OSError only when the file cannot be opened (missing, permission denied)."""
-    with open(path, "rb", buffering=0) as handle:
-        fd = handle.fileno()
-        st = os.fstat(fd)
-        if max_level < 2 and not deep and _torch_tail_ok(fd, st.st_size):
+    Raises OSError when the file cannot be opened (missing, permission denied, a symlink loop, not
+    a regular file: a FIFO is never opened for reading)."""
+    name = os.path.basename(path)
+    allowed = allowed_for(name) if allowed is None else allowed
+    with regular_fd(path) as (fd, st):
+        size = st.st_size
+        if max_level < 2 and not deep and _torch_tail_ok(fd, size):
             # quick look (candidates older than the resume point): one read at the end of the file
             return valid(F.TORCH_ZIP, 1, "zip trailer intact (end of file only)")
         head = pread_exact(fd, F.HEAD_BYTES, 0)
-        fmt = F.sniff_bytes(head, os.path.basename(path))
+        fmt = F.sniff_bytes(head, name)
         if fmt == F.EMPTY:
             return corrupt(F.EMPTY, 0, "empty file (0 bytes): the save never wrote data")
         if fmt == F.TORCH_ZIP:
-            return check_torch_zip(fd, st.st_size, deep=deep, max_level=max_level,
+            return check_torch_zip(fd, size, deep=deep, max_level=max_level, allowed=allowed,
                                    cache_key=crc_cache_key(path, st) if deep else None)
         if fmt == F.TORCH_LEGACY:
-            return check_torch_legacy(handle, st.st_size, max_level=max_level)
+            return check_torch_legacy(fd, size, max_level=max_level, allowed=allowed)
         if fmt == F.SAFETENSORS:
-            return check_safetensors(fd, st.st_size, max_level=max_level)
+            return check_safetensors(fd, size, max_level=max_level)
         if fmt == F.PICKLE:
             if max_level < 2:
                 return valid(F.PICKLE, 1, "plain pickle (not scanned at this level)")
-            return check_plain_pickle(handle, st.st_size, deep=deep)
+            return check_plain_pickle(fd, size, allowed=allowed)
         if fmt == F.ZEROED:
             return corrupt(F.ZEROED, 1, "zero-filled start (size kept, data never written)")
         if fmt == F.TEXT:
             return corrupt(F.TEXT, 1, _text_reason(head))
-        return unverifiable(F.UNKNOWN, 1, f"unknown format (first bytes {head[:8].hex()})")
+        if _torch_tail_ok(fd, size):
+            return corrupt(F.TORCH_ZIP, 1, "damaged start: the zip trailer is intact but the file does "
+                                           f"not begin with a local header (first bytes {head[:8].hex()}); "
+                                           "torch writes one at offset 0")
+        return check_unknown(fd, size, head, allowed=allowed)
 
 
 def _torch_tail_ok(fd: int, size: int) -> bool:
@@ -93,15 +110,30 @@ def _text_reason(head: bytes) -> str:
     return f"a text file, not a checkpoint (starts {first!r})"
 
 
+def unsafe_reason(scans: list[PickleScan], allowed: frozenset[tuple[str, str]]) -> str | None:
+    """A reason when the pickles name globals outside the allowlist (never a resume point)."""
+    names = disallowed((g for scan in scans for g in scan.globals), allowed)
+    if not names:
+        return None
+    return (f"unsafe pickle: names {describe(names)}, not on the allowlist of globals a checkpoint "
+            "may name; loading it with weights_only=False would import and call them")
+
+
+def _limit(fmt: str, level: int, exc: ScanLimitError, **kw: Any) -> Outcome:
+    """Over a scanner cap: not proven damaged, but never a resume point (unscanned = unknown)."""
+    return unverifiable(fmt, level, exc.reason, load_safe=False, **kw)
+
+
 # ---------------------------------------------------------------------------- torch zip
 
 
 def check_torch_zip(
     fd: int, size: int, *, base: int = 0, deep: bool = False, max_level: int = 3,
-    cache_key: tuple | None = None,
+    cache_key: tuple | None = None, allowed: frozenset[tuple[str, str]] | None = None,
 ) -> Outcome:
     """L1 trailer, L2 central directory, L3 inert data.pkl scan, L4 CRC (``deep``)."""
     fmt = F.TORCH_ZIP
+    allowed = allowed_for() if allowed is None else allowed
     try:
         trailer = read_trailer(fd, base, size)
         if max_level < 2:
@@ -109,29 +141,33 @@ def check_torch_zip(
         index = read_index(fd, base, size, trailer)
         pkl = index.get("data.pkl")
         if pkl is None:
-            return unverifiable(F.ZIP, 2, "a zip archive without data.pkl: not a torch.save file")
+            return unverifiable(F.ZIP, 2, "a zip archive without data.pkl: not a torch.save file", load_safe=False)
         _check_alignment(fd, base, index)
         if max_level < 3:
             return valid(fmt, 2, f"zip index intact ({len(index.entries)} entries)")
-        scan = _scan_data_pkl(fd, base, index, pkl, deep)
+        scan = _scan_data_pkl(fd, base, index, pkl)
         if isinstance(scan, Outcome):
             return scan
-        if unsafe := _unsafe(scan):
-            return corrupt(fmt, 3, unsafe)
+        if unsafe := unsafe_reason([scan], allowed):
+            return corrupt(fmt, 3, unsafe, load_safe=False)
         problem = _storage_problem(index, scan)
         if problem:
             return corrupt(fmt, 3, problem)
         facts = top_level_facts(scan.root)
-        step, epoch = embedded_step(scan.root), embedded_epoch(scan.root)
+        step, epoch = find_step(scan.root), find_epoch(scan.root)
         if step is None:  # 'step': torch.tensor(1200) -- read the 8 bytes, still without unpickling
             tensor = find_value(scan.root, STEP_KEYS, is_tensor, depth=0)
-            step = read_tensor_int(fd, base, index, tensor) if tensor is not None else None
+            step = plain_int(read_tensor_int(fd, base, index, tensor)) if tensor is not None else None
         summary = f"{len(index.entries)} entries, {len({ref.key for ref in scan.storages})} tensor storages"
         if not deep:
             crc_note = "" if index.crc_present else "; no CRC32 recorded"
             return valid(fmt, 3, f"structure intact ({summary}){crc_note}",
                          embedded_step=step, epoch=epoch, facts=facts)
-        crc = cached_crc_check(fd, base, index, cache_key) if cache_key else crc_check(fd, base, index)
+        try:
+            crc = cached_crc_check(fd, base, index, cache_key) if cache_key else crc_check(fd, base, index)
+        except ScanLimitError as exc:
+            return unverifiable(fmt, 4, f"structure intact ({summary}); CRC not checked: {exc.reason}",
+                                embedded_step=step, epoch=epoch, facts=facts)
         if not crc.verifiable:
             return unverifiable(fmt, 4, f"structure intact ({summary}); {crc.reason}",
                                 embedded_step=step, epoch=epoch, facts=facts)
@@ -140,15 +176,8 @@ def check_torch_zip(
         return valid(fmt, 4, f"{summary}; {crc.reason}", embedded_step=step, epoch=epoch, facts=facts)
     except ZipCheckError as exc:
         return corrupt(fmt, exc.level, exc.reason)
-
-
-def _unsafe(*scans: PickleScan) -> str | None:
-    """A reason when the pickle names globals that would run code on load (never a resume point)."""
-    names = unsafe_globals(n for scan in scans for n in scan.globals)
-    if not names:
-        return None
-    return (f"unsafe pickle: loading it would call {', '.join(names[:3])} (code execution); "
-            "not a checkpoint to resume from")
+    except ScanLimitError as exc:
+        return _limit(fmt, 3, exc)
 
 
 def _check_alignment(fd: int, base: int, index: ZipIndex) -> None:
@@ -156,10 +185,10 @@ def _check_alignment(fd: int, base: int, index: ZipIndex) -> None:
     entry = index.get(".storage_alignment")
     if entry is None or entry.size > 16:
         return
-    try:
-        alignment = int(read_entry(fd, base, entry).decode("ascii").strip())
-    except (ValueError, UnicodeDecodeError):
-        raise ZipCheckError(2, "unreadable .storage_alignment record") from None
+    text = read_entry(fd, base, entry).strip()
+    if not re.fullmatch(rb"[0-9]{1,6}", text):
+        raise ZipCheckError(2, "unreadable .storage_alignment record")
+    alignment = int(text)
     if alignment <= 0:
         return
     data_prefix = f"{index.prefix}/data/"
@@ -168,16 +197,25 @@ def _check_alignment(fd: int, base: int, index: ZipIndex) -> None:
             raise ZipCheckError(2, f"{record.name!r} is not {alignment}-byte aligned")
 
 
-def _scan_data_pkl(fd: int, base: int, index: ZipIndex, pkl: Any, deep: bool) -> PickleScan | Outcome:
-    if pkl.size > MAX_PICKLE_BYTES and not deep:
-        return unverifiable(F.TORCH_ZIP, 3, f"data.pkl is {pkl.size} bytes: scanned only with --deep")
-    data = read_entry(fd, base, pkl, limit=max(pkl.size, 1))
+def _scan_data_pkl(fd: int, base: int, index: ZipIndex, pkl: Any) -> PickleScan | Outcome:
+    """The one pickle torch.load unpickles: bounded read, CRC, scan, nothing after its STOP."""
+    data = read_entry(fd, base, pkl)
     if index.crc_present and zlib.crc32(data) != pkl.crc:
         return corrupt(F.TORCH_ZIP, 3, "data.pkl CRC32 mismatch: the pickle is damaged")
     try:
-        return scan_pickle(data)
+        scan = scan_pickle(data)
     except PickleScanError as exc:
         return corrupt(F.TORCH_ZIP, 3, f"data.pkl: {exc}")
+    if scan.end != len(data):
+        extra = len(data) - scan.end
+        try:  # a second pickle hidden after the first: name what it would call
+            unsafe = unsafe_reason(_scan_stream(data[scan.end:]), allowed_for())
+        except (PickleScanError, ScanLimitError):
+            unsafe = None
+        what = f"; the trailing pickle is an {unsafe}" if unsafe else ""
+        return corrupt(F.TORCH_ZIP, 3, f"data.pkl: {extra} bytes after the pickle (torch writes exactly one){what}",
+                       load_safe=False)
+    return scan
 
 
 def _storage_problem(index: ZipIndex, scan: PickleScan) -> str | None:
@@ -185,7 +223,7 @@ def _storage_problem(index: ZipIndex, scan: PickleScan) -> str | None:
     for ref in scan.storages:
         entry = index.get(f"data/{ref.key}")
         if entry is None:
-            return f"tensor storage data/{ref.key} named in data.pkl is missing"
+            return f"tensor storage data/{ref.key[:40]} named in data.pkl is missing"
         need = ref.nbytes
         if need is not None and entry.size < need:
             return f"data/{ref.key} holds {entry.size} bytes, its tensor needs {need}"
@@ -195,16 +233,18 @@ def _storage_problem(index: ZipIndex, scan: PickleScan) -> str | None:
 def top_level_facts(root: Any) -> dict[str, Any]:
     """Plain scalars of the top-level mapping, plus the few nested ones validators need."""
     mapping = as_mapping(root) or {}
-    facts = {k: v for k, v in mapping.items() if isinstance(k, str) and isinstance(v, _FACT_TYPES)}
+    facts = {k: v for k, v in mapping.items() if isinstance(k, str) and len(k) <= _MAX_FACT_TEXT
+             and isinstance(v, _FACT_TYPES) and not (isinstance(v, str) and len(v) > _MAX_FACT_TEXT)}
     ds_config = as_mapping(mapping.get("ds_config"))
     zero = as_mapping(ds_config.get("zero_optimization")) if ds_config else None
-    if zero and isinstance(zero.get("stage"), int):
+    if zero and type(zero.get("stage")) is int:
         facts["zero_stage"] = zero["stage"]
     optim = as_mapping(mapping.get("optimizer_state_dict"))
     if optim:
         for key in ("zero_stage", "partition_count"):
             value = optim.get(key)
-            if isinstance(value, int) or (isinstance(value, list) and all(isinstance(v, int) for v in value)):
+            if type(value) is int or (isinstance(value, list) and len(value) <= 4096
+                                      and all(type(v) is int for v in value)):
                 facts[key] = value
     return facts
 
@@ -212,24 +252,27 @@ def top_level_facts(root: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- torch legacy
 
 
-def check_torch_legacy(handle: Any, size: int, *, max_level: int = 3) -> Outcome:
+def check_torch_legacy(fd: int, size: int, *, max_level: int = 3,
+                       allowed: frozenset[tuple[str, str]] | None = None) -> Outcome:
     """Five pickles back to back (magic, protocol, sys_info, object, storage keys), then for each
     key an int64 element count and the raw bytes; EOF must land exactly after the last one.
     There is no checksum: a zero-filled payload cannot be detected."""
     fmt = F.TORCH_LEGACY
-    handle.seek(0)
+    allowed = allowed_for() if allowed is None else allowed
     try:
-        scans = [scan_pickle(handle) for _ in range(5)]
+        scans = _legacy_pickles(fd, size)
     except PickleScanError as exc:
         return corrupt(fmt, 2, f"pickle header: {exc}")
-    if unsafe := _unsafe(*scans):
-        return corrupt(fmt, 3, unsafe)
+    except ScanLimitError as exc:
+        return _limit(fmt, 2, exc)
+    if unsafe := unsafe_reason(scans, allowed):
+        return corrupt(fmt, 3, unsafe, load_safe=False)
     magic, protocol, sys_info, obj, keys = (s.root for s in scans)
-    if magic != 0x1950A86A20F9469CFC6C or protocol != 1001:
+    if type(magic) is not int or magic != 0x1950A86A20F9469CFC6C or type(protocol) is not int or protocol != 1001:
         return corrupt(fmt, 2, "legacy torch header damaged (magic or protocol number)")
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         return corrupt(fmt, 2, "legacy storage key list damaged")
-    step, epoch = embedded_step(obj), embedded_epoch(obj)
+    step, epoch = find_step(obj), find_epoch(obj)
     facts = top_level_facts(obj)
     if max_level < 3:
         return valid(fmt, 2, "legacy pickles intact", embedded_step=step, epoch=epoch, facts=facts)
@@ -239,21 +282,50 @@ def check_torch_legacy(handle: Any, size: int, *, max_level: int = 3) -> Outcome
     for ref in scans[3].storages:
         itemsize.setdefault(ref.key, ref.itemsize)
     pos = sum(s.end for s in scans)
-    fd = handle.fileno()
     for key in keys:
         if itemsize.get(key) is None:
-            return unverifiable(fmt, 3, f"storage {key} has an unknown element type", embedded_step=step)
+            return unverifiable(fmt, 3, f"storage {key[:40]!r} has an unknown element type", embedded_step=step)
         raw = pread_exact(fd, 8, pos)
         if len(raw) < 8:
-            return corrupt(fmt, 3, f"truncated: storage {key} starts past the end of the file")
+            return corrupt(fmt, 3, f"truncated: storage {key[:40]} starts past the end of the file")
         numel = int.from_bytes(raw, order, signed=True)
         pos += 8 + numel * itemsize[key]
         if numel < 0 or pos > size:
-            return corrupt(fmt, 3, f"truncated: storage {key} needs {pos - size} more bytes")
+            return corrupt(fmt, 3, f"truncated: storage {key[:40]} needs {pos - size} more bytes")
     if pos != size:
         return corrupt(fmt, 3, f"{size - pos} unexpected bytes after the last storage")
     return valid(fmt, 3, f"{len(keys)} storages, sizes add up to the file size (format has no checksum)",
                  embedded_step=step, epoch=epoch, facts=facts)
+
+
+def _legacy_pickles(fd: int, size: int) -> list[PickleScan]:
+    """The five pickles at the start of a legacy file, read in growing chunks (they are small; the
+    storages after them can be gigabytes) and never more than MAX_PICKLE_BYTES."""
+    want = min(size, _LEGACY_FIRST_READ, MAX_PICKLE_BYTES)
+    while True:
+        data = pread_exact(fd, want, 0)
+        try:
+            return _scan_stream(data, count=5)
+        except TruncatedPickle:
+            if len(data) >= size:
+                raise
+            if len(data) >= MAX_PICKLE_BYTES:
+                raise ScanLimitError(f"too large to scan: the legacy pickles run past {MAX_PICKLE_BYTES:,} bytes") from None
+            want = min(size, want * 8, MAX_PICKLE_BYTES)
+
+
+def _scan_stream(data: bytes, count: int | None = None) -> list[PickleScan]:
+    """``count`` pickles back to back from the start of ``data`` (None: until its end), sharing
+    one opcode budget."""
+    scans: list[PickleScan] = []
+    pos = 0
+    ops_left = MAX_PICKLE_OPS
+    while (len(scans) < count) if count is not None else (pos < len(data)):
+        scan = scan_pickle(data, pos, max_ops=ops_left)
+        ops_left -= scan.ops
+        pos += scan.end
+        scans.append(scan)
+    return scans
 
 
 # ---------------------------------------------------------------------------- safetensors
@@ -284,8 +356,8 @@ def check_safetensors(fd: int, size: int, *, max_level: int = 3, base: int = 0) 
     raw = pread_exact(fd, header_len, base + 8)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return corrupt(fmt, 2, "JSON header unreadable (damaged or zero-filled)")
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return corrupt(fmt, 2, "JSON header unreadable (damaged, zero-filled or nested too deeply)")
     if not isinstance(header, dict):
         return corrupt(fmt, 2, "JSON header is not an object")
     meta = header.pop("__metadata__", None)
@@ -308,8 +380,11 @@ def _safetensors_span_problem(header: dict, buffer_len: int) -> str | None:
             return f"tensor {name!r}: header entry damaged"
         if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
             return f"tensor {name!r}: bad data offsets"
-        bits = _SAFETENSORS_BITS.get(dtype)
-        if bits is not None and isinstance(shape, list) and all(isinstance(d, int) for d in shape):
+        bits = _SAFETENSORS_BITS.get(dtype) if isinstance(dtype, str) else None
+        if not (isinstance(shape, list) and len(shape) <= 64
+                and all(type(d) is int and 0 <= d < 1 << 62 for d in shape)):
+            return f"tensor {name!r}: implausible shape"
+        if bits is not None:
             need = (math.prod(shape) * bits + 7) // 8
             if end - begin != need:
                 return f"tensor {name!r}: {end - begin} bytes, {dtype}{shape} needs {need}"
@@ -332,35 +407,48 @@ def _int_from_meta(meta: Any, keys: tuple[str, ...]) -> int | None:
         return None
     for key in keys:
         value = meta.get(key)
-        if isinstance(value, str) and value.strip().isdigit():
+        if isinstance(value, str) and _ASCII_STEP.fullmatch(value.strip()):
             return int(value.strip())
     return None
+
+
+_ASCII_STEP = re.compile(rf"[0-9]{{1,{len(str(MAX_STEP))}}}", re.ASCII)
 
 
 # ---------------------------------------------------------------------------- plain pickle
 
 
-def check_plain_pickle(handle: Any, size: int, *, deep: bool) -> Outcome:
-    """One or more pickles (``pickle.dump``) that must end exactly at EOF."""
-    fmt = F.PICKLE
-    if size > MAX_PICKLE_BYTES and not deep:
-        return unverifiable(fmt, 1, f"plain pickle of {size} bytes: scanned only with --deep")
-    handle.seek(0)
-    first = None
-    pos = 0
+def check_plain_pickle(fd: int, size: int, *, allowed: frozenset[tuple[str, str]] | None = None,
+                       fmt: str = F.PICKLE) -> Outcome:
+    """One or more pickles (``pickle.dump``) that must end exactly at EOF; every one is scanned
+    (a loader calling pickle.load repeatedly reads them all)."""
+    allowed = allowed_for() if allowed is None else allowed
+    if size > MAX_PICKLE_BYTES:
+        return _limit(fmt, 1, ScanLimitError(f"too large to scan: a {size:,}-byte pickle (limit {MAX_PICKLE_BYTES:,})"))
     try:
-        while pos < size:
-            scan = scan_pickle(handle)
-            first = first or scan
-            pos += scan.end
+        scans = _scan_stream(pread_exact(fd, size, 0))
     except PickleScanError as exc:
         return corrupt(fmt, 2, str(exc))
-    if first is not None and (unsafe := _unsafe(first)):
-        return corrupt(fmt, 3, unsafe)
-    root = first.root if first else None
-    return valid(fmt, 3, "pickle stream complete (inert scan; no checksum)",
-                 embedded_step=embedded_step(root), epoch=embedded_epoch(root),
-                 facts=top_level_facts(root))
+    except ScanLimitError as exc:
+        return _limit(fmt, 2, exc)
+    if unsafe := unsafe_reason(scans, allowed):
+        return corrupt(fmt, 3, unsafe, load_safe=False)
+    root = scans[0].root if scans else None
+    more = f" ({len(scans)} pickles)" if len(scans) > 1 else ""
+    return valid(fmt, 3, f"pickle stream complete{more} (inert scan; no checksum)",
+                 embedded_step=find_step(root), epoch=find_epoch(root), facts=top_level_facts(root))
+
+
+def check_unknown(fd: int, size: int, head: bytes, *, allowed: frozenset[tuple[str, str]] | None = None) -> Outcome:
+    """A file no format claims. torch.load unpickles whatever a non-zip file starts with, so it is
+    scanned as a pickle stream (protocol 0/1 pickles have no magic): a whole, allowlisted stream is
+    a plain pickle; anything else is UNVERIFIABLE and never a resume point."""
+    outcome = check_plain_pickle(fd, size, allowed=allowed)
+    if outcome.verdict is not Verdict.CORRUPT or not outcome.reason.startswith("unsafe pickle"):
+        if outcome.verdict is Verdict.VALID:
+            return outcome.but(reason=f"protocol 0/1 {outcome.reason}")
+        return unverifiable(F.UNKNOWN, 1, f"unknown format (first bytes {head[:8].hex()})", load_safe=False)
+    return outcome
 
 
 def read_tensor_int(fd: int, base: int, index: ZipIndex, value: Any) -> int | None:

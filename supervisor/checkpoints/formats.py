@@ -7,6 +7,7 @@ and only says which validator to run; the validators decide the verdict.
 from __future__ import annotations
 
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -61,8 +62,11 @@ def sniff_bytes(head: bytes, name: str = "") -> str:
 
 
 def sniff_file(path: str | os.PathLike[str]) -> str:
-    with open(path, "rb") as handle:
-        return sniff_bytes(handle.read(HEAD_BYTES), os.path.basename(path))
+    """The format of a regular file (OSError for anything else: a FIFO is never opened)."""
+    from .fsio import regular_fd
+
+    with regular_fd(path) as (fd, _):
+        return sniff_bytes(os.pread(fd, HEAD_BYTES, 0), os.path.basename(path))
 
 
 def _looks_like_text(head: bytes) -> bool:
@@ -107,5 +111,7 @@ def _is_ds_states_name(name: str) -> bool:
 
 
 def _is_hf_name(name: str) -> bool:
-    head, _, tail = name.partition("-")
-    return head == "checkpoint" and tail.isdigit()
+    return _HF_NAME.fullmatch(name) is not None
+
+
+_HF_NAME = re.compile(r"checkpoint-[0-9]+", re.ASCII)

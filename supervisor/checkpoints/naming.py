@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .limits import MAX_STEP
+
 # Suffixes of single-file checkpoints we look at. Directories are judged by content, not suffix.
 CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".safetensors", ".tar", ".pkl", ".pickle")
 
@@ -18,18 +20,22 @@ QUARANTINE_PREFIX = "CORRUPT_"
 NEMO_UNFINISHED_SUFFIX = "-unfinished"  # NeMo creates <name>-unfinished before a save, removes it after
 
 # Named step keys, strongest first. Each needs a separator (or the start) before the key so that
-# "timestep", "max_steps=" and friends do not count.
+# "timestep", "max_steps=" and friends do not count. Digits are ASCII only ([0-9] under re.ASCII:
+# "step=٩٩" is not step 99), and a number of more than MAX_STEP_DIGITS digits is not a step.
+MAX_STEP_DIGITS = len(str(MAX_STEP))
+_NUM = r"([0-9]+)(?![0-9])"
+_FLAGS = re.IGNORECASE | re.ASCII
 _SEP = r"(?:^|[-_.=/ ])"
 _STEP_PATTERNS: tuple[re.Pattern[str], ...] = (
-    re.compile(_SEP + r"(?:global_)?steps?[=_-]?(\d+)(?!\d)", re.IGNORECASE),  # step=900, global_step1200
-    re.compile(r"^checkpoint[-_](\d+)$", re.IGNORECASE),  # HF checkpoint-1500
-    re.compile(_SEP + r"iter(?:ation)?s?[=_-]?(\d+)(?!\d)", re.IGNORECASE),  # iter_0000100, iteration=5
-    re.compile(r"^(?:model|ckpt|checkpoint|weights|state|snapshot|save)[-_=]?(\d+)$", re.IGNORECASE),
-    re.compile(r"^(\d+)$"),  # orbax-style numeric directories: 1000/
+    re.compile(_SEP + r"(?:global_)?steps?[=_-]?" + _NUM, _FLAGS),  # step=900, global_step1200
+    re.compile(r"^checkpoint[-_]([0-9]+)$", _FLAGS),  # HF checkpoint-1500
+    re.compile(_SEP + r"iter(?:ation)?s?[=_-]?" + _NUM, _FLAGS),  # iter_0000100, iteration=5
+    re.compile(r"^(?:model|ckpt|checkpoint|weights|state|snapshot|save)[-_=]?([0-9]+)$", _FLAGS),
+    re.compile(r"^([0-9]+)$", re.ASCII),  # orbax-style numeric directories: 1000/
 )
-_EPOCH = re.compile(_SEP + r"epochs?[=_-]?(\d+)(?!\d)", re.IGNORECASE)
-_VERSION = re.compile(r"-v(\d+)$")  # Lightning's name-collision counter: last-v1, step=9-v2
-_LAST = re.compile(r"^(?:last|latest)(?:-v\d+)?$|[-_]last$", re.IGNORECASE)
+_EPOCH = re.compile(_SEP + r"epochs?[=_-]?" + _NUM, _FLAGS)
+_VERSION = re.compile(r"-v([0-9]+)$", re.ASCII)  # Lightning's name-collision counter: last-v1, step=9-v2
+_LAST = re.compile(r"^(?:last|latest)(?:-v[0-9]+)?$|[-_]last$", _FLAGS)
 _TEMP = re.compile(r"\.tmp(?:$|[-_.])|\.partial$|\.incomplete$|\.part$|\.swp$", re.IGNORECASE)
 
 
@@ -61,7 +67,7 @@ def parse_name(name: str) -> NameInfo:
     version = 0
     match = _VERSION.search(stem)
     if match:
-        version = int(match.group(1))
+        version = _bounded_int(match.group(1)) or 0
         stem = stem[: match.start()]
     return NameInfo(
         name=name,
@@ -86,7 +92,7 @@ def step_from_name(name: str) -> int | None:
     for pattern in _STEP_PATTERNS:
         match = pattern.search(stem)
         if match:
-            return int(match.group(1))
+            return _bounded_int(match.group(1))
     return None
 
 
@@ -110,8 +116,7 @@ def final_name_of_temp(name: str) -> str | None:
     if not match:
         return None
     base = name[: match.start()]
-    if base.startswith("."):
-        base = base[1:]
+    base = base.removeprefix(".")
     if not has_checkpoint_suffix(base) and has_checkpoint_suffix(base.rsplit(".", 1)[0]):
         base = base.rsplit(".", 1)[0]  # mkstemp-style ".<name>.<random>.tmp"
     return base or None
@@ -131,7 +136,7 @@ def is_ignored_name(name: str) -> bool:
     """Entries that are never checkpoint candidates: temp and partial files, hidden files,
     quarantined ``CORRUPT_*`` entries and their ``.json`` sidecars, NeMo ``-unfinished`` markers,
     JSON/YAML/text/log sidecars."""
-    if not name or name.startswith(".") or name.startswith(QUARANTINE_PREFIX):
+    if not name or name.startswith((".", QUARANTINE_PREFIX)):
         return True
     if is_temp_name(name):
         return True
@@ -143,4 +148,11 @@ def has_checkpoint_suffix(name: str) -> bool:
 
 
 def _int_or_none(match: re.Match[str] | None) -> int | None:
-    return int(match.group(1)) if match else None
+    return _bounded_int(match.group(1)) if match else None
+
+
+def _bounded_int(digits: str) -> int | None:
+    """ASCII digits -> int; None for more than MAX_STEP_DIGITS of them (not a step, and int() of
+    thousands of digits is slow or refused)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= MAX_STEP_DIGITS else None

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any
 
 from ..states import Verdict
 
@@ -20,8 +21,11 @@ class Outcome:
     embedded_step: int | None = None
     epoch: int | None = None
     facts: Mapping[str, Any] = field(default_factory=dict)  # scalars read inertly (dp_world_size...)
+    # False when a pickle a loader would unpickle was not scanned to the end (over a cap, unknown
+    # format) or names a global outside the allowlist: such a checkpoint is never a resume point.
+    load_safe: bool = True
 
-    def but(self, **changes: Any) -> "Outcome":
+    def but(self, **changes: Any) -> Outcome:
         return replace(self, **changes)
 
 
@@ -38,9 +42,10 @@ def unverifiable(fmt: str, level: int, reason: str, **kw: Any) -> Outcome:
 
 
 def worst(outcomes: list[Outcome]) -> Outcome | None:
-    """The outcome that decides a group: the first CORRUPT, else the first UNVERIFIABLE."""
+    """The outcome that decides a group: the first CORRUPT, else IN_PROGRESS, else UNVERIFIABLE
+    (one that is not load-safe first, so a group is never safer than its worst member)."""
     for verdict in (Verdict.CORRUPT, Verdict.IN_PROGRESS, Verdict.UNVERIFIABLE):
-        for outcome in outcomes:
-            if outcome.verdict is verdict:
-                return outcome
+        matching = [o for o in outcomes if o.verdict is verdict]
+        if matching:
+            return next((o for o in matching if not o.load_safe), matching[0])
     return None

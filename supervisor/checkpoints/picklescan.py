@@ -1,21 +1,37 @@
-"""Inert pickle scan (L3): walk a pickle's opcodes with :func:`pickletools.genops` and simulate
-the unpickler's stack with plain placeholders. Nothing is imported, called or constructed: a
-``GLOBAL`` becomes a :class:`Global` name, a ``REDUCE``/``NEWOBJ`` a :class:`Call` record, a
-persistent id a :class:`PersistentRef`. A checkpoint's pickle may be hostile (``__reduce__`` can
-run any code), so this is the only way the supervisor looks inside one.
+"""Inert pickle scan (L3): decode a pickle's opcodes and simulate the unpickler's stack with plain
+placeholders. Nothing is imported, called or constructed: a ``GLOBAL`` becomes a :class:`Global`
+name, a ``REDUCE``/``NEWOBJ`` a :class:`Call` record, a persistent id a :class:`PersistentRef`. A
+checkpoint's pickle may be hostile (``__reduce__`` can run any code), so this is the only way the
+supervisor looks inside one.
+
+The decoder is our own (not :mod:`pickletools`) so that every cost is bounded before it is paid
+(:mod:`.limits`): lengths are checked against the buffer before anything is sliced, constants over
+``MAX_SMALL_CONSTANT`` are not decoded, opcodes are counted, and nothing recurses on the decoded
+structure (no hashing, comparing or printing of untrusted containers; a post-pass measures nesting
+with an explicit stack).
 
 What comes out: the tensor storage records torch writes as persistent ids
 ``('storage', StorageType, key, location, numel)``, the object tree with scalars intact (so
-``global_step``, ``dp_world_size`` and DCP's ``_StorageInfo`` extents can be read), and where the
-pickle ended (the legacy torch format is several pickles back to back).
+``global_step``, ``dp_world_size`` and DCP's ``_StorageInfo`` extents can be read), every global the
+pickle names (resolved as the loader would), and where the pickle ended.
 """
 
 from __future__ import annotations
 
-import io
-import pickletools
+import codecs
+import struct
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any
+
+from .allowlist import resolve
+from .limits import (
+    MAX_NESTING,
+    MAX_PICKLE_OPS,
+    MAX_SMALL_CONSTANT,
+    MAX_STEP,
+    ScanLimitError,
+)
 
 # Element sizes of torch's pickled storage types (torch.storage._dtype_to_storage_type_map).
 STORAGE_ITEMSIZE: dict[str, int] = {
@@ -35,9 +51,13 @@ class PickleScanError(Exception):
     """The pickle is malformed or truncated: it cannot be what a writer produced."""
 
 
+class TruncatedPickle(PickleScanError):
+    """The buffer ended before STOP (a reader holding only a prefix of the file may read more)."""
+
+
 @dataclass(frozen=True)
 class Global:
-    """A class or function the pickle names. Never imported."""
+    """A class or function the pickle names, as the loader would resolve it. Never imported."""
 
     module: str
     name: str
@@ -72,9 +92,18 @@ class Call:
         return state if isinstance(state, dict) else {}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # identity hash: pid may be any (deep) structure
 class PersistentRef:
     pid: Any
+
+
+class Blob:
+    """A str/bytes constant longer than ``MAX_SMALL_CONSTANT``: bounds-checked, not decoded."""
+
+    __slots__ = ("kind", "length")
+
+    def __init__(self, kind: str, length: int) -> None:
+        self.kind, self.length = kind, length
 
 
 @dataclass(frozen=True)
@@ -97,13 +126,14 @@ class StorageRef:
 class PickleScan:
     root: Any
     storages: tuple[StorageRef, ...]
-    globals: frozenset[str]
+    globals: frozenset[tuple[str, str]]  # (module, name) as the loader resolves them
     end: int  # offset just after STOP, relative to where the scan started
     ops: int
 
 
 class _Key:
-    """Stands in for an unhashable dict key (only a hostile or broken pickle has one)."""
+    """Stands in for a dict key that is not a plain scalar: hashing a (deeply nested) tuple
+    recurses in C, so untrusted containers are never hashed."""
 
     __slots__ = ("value",)
 
@@ -111,206 +141,354 @@ class _Key:
         self.value = value
 
 
-(_PUT, _GET, _PUSH, _MARK, _MARK_TUPLE, _REDUCE, _CONST, _SMALL_TUPLE, _BINPERSID, _MEMOIZE, _NO_OP,
- _STOP, _OTHER) = range(13)
-_KIND: dict[str, int] = {
-    **dict.fromkeys(("PUT", "BINPUT", "LONG_BINPUT"), _PUT),
-    **dict.fromkeys(("GET", "BINGET", "LONG_BINGET"), _GET),
-    **dict.fromkeys(
-        ("INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "STRING", "BINSTRING",
-         "SHORT_BINSTRING", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8", "UNICODE",
-         "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "FLOAT", "BINFLOAT"), _PUSH),
-    "MARK": _MARK, "TUPLE": _MARK_TUPLE, "REDUCE": _REDUCE,
-    **dict.fromkeys(("NONE", "NEWTRUE", "NEWFALSE", "EMPTY_TUPLE"), _CONST),
-    **dict.fromkeys(("TUPLE1", "TUPLE2", "TUPLE3"), _SMALL_TUPLE),
-    "BINPERSID": _BINPERSID, "MEMOIZE": _MEMOIZE,
-    **dict.fromkeys(("PROTO", "FRAME", "READONLY_BUFFER"), _NO_OP),
-    "STOP": _STOP,
-}
-_CONSTANTS: dict[str, Any] = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False, "EMPTY_TUPLE": ()}
-_SMALL_TUPLE_LEN = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3}
+_PLAIN_KEYS = (str, int, float, bool, bytes, type(None))
 _OD = Global("collections", "OrderedDict")
 _TENSOR_REBUILDERS = frozenset({"_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3"})
+_NODE_TYPES = (tuple, list, dict, Call, _Key, PersistentRef)
+_U2 = struct.Struct("<H").unpack_from
+_U4 = struct.Struct("<I").unpack_from
+_I4 = struct.Struct("<i").unpack_from
+_U8 = struct.Struct("<Q").unpack_from
+_F8 = struct.Struct(">d").unpack_from
 
 
-def scan_pickle(source: bytes | bytearray | memoryview | BinaryIO, max_ops: int = 50_000_000) -> PickleScan:
-    """Simulate one pickle from ``source`` (bytes, or a binary file positioned at its start).
+def scan_pickle(source: bytes | bytearray | memoryview, start: int = 0, *,
+                max_ops: int = MAX_PICKLE_OPS) -> PickleScan:
+    """Simulate the one pickle that starts at ``start`` in ``source``.
 
-    Raises :class:`PickleScanError` when the stream is truncated or not a well-formed pickle.
-    """
-    stream = io.BytesIO(bytes(source)) if isinstance(source, (bytes, bytearray, memoryview)) else source
-    start = stream.tell()
+    Raises :class:`TruncatedPickle` when the buffer ends first, :class:`PickleScanError` when it is
+    not a well-formed pickle, :class:`~.limits.ScanLimitError` when it is over a cap."""
+    data = bytes(source) if not isinstance(source, bytes) else source
+    end = len(data)
+    pos = start
     stack: list = []
     metastack: list[list] = []
     memo: dict[int, Any] = {}
     storages: list[StorageRef] = []
-    names: set[str] = set()
+    names: set[tuple[str, str]] = set()
+    proto = 0
     ops = 0
-    pos = 0
+    op_at = pos
     try:
-        for opcode, arg, pos in pickletools.genops(stream):
+        while True:
+            if pos >= end:
+                raise TruncatedPickle("pickle ended without STOP (truncated)")
+            op_at = pos
+            code = data[pos]
+            pos += 1
             ops += 1
-            kind = _KIND.get(opcode.name, _OTHER)
-            # the frequent opcodes of torch pickles first; the rest in _apply
-            if kind == _PUT:
-                memo[arg] = stack[-1]
-            elif kind == _GET:
-                stack.append(memo[arg])
-            elif kind == _PUSH:
-                stack.append(arg)
-            elif kind == _MARK:
+            if ops > max_ops:
+                raise ScanLimitError(f"too large to scan: more than {max_ops:,} pickle opcodes")
+            # the frequent opcodes of torch pickles first
+            if code == 0x71:  # BINPUT
+                _need(pos + 1, end)
+                memo[data[pos]] = stack[-1]
+                pos += 1
+            elif code == 0x68:  # BINGET
+                _need(pos + 1, end)
+                stack.append(memo[data[pos]])
+                pos += 1
+            elif code == 0x58:  # BINUNICODE
+                _need(pos + 4, end)
+                n = _U4(data, pos)[0]
+                stack.append(_text(data, pos + 4, n, end))
+                pos += 4 + n
+            elif code == 0x28:  # MARK
                 metastack.append(stack)
                 stack = []
-            elif kind == _MARK_TUPLE:
+            elif code == 0x74:  # TUPLE
                 items = tuple(stack)
                 stack = metastack.pop()
                 stack.append(items)
-            elif kind == _REDUCE:
+            elif code == 0x52:  # REDUCE
                 args = stack.pop()
                 stack[-1] = _reduce(stack[-1], args)
-            elif kind == _CONST:
-                stack.append(_CONSTANTS[opcode.name])
-            elif kind == _SMALL_TUPLE:
-                n = _SMALL_TUPLE_LEN[opcode.name]
-                items = tuple(stack[-n:])
-                if len(items) != n:
-                    raise IndexError("stack underflow")
-                del stack[-n:]
-                stack.append(items)
-            elif kind == _BINPERSID:
+            elif code == 0x4B:  # BININT1
+                _need(pos + 1, end)
+                stack.append(data[pos])
+                pos += 1
+            elif code == 0x72:  # LONG_BINPUT
+                _need(pos + 4, end)
+                memo[_U4(data, pos)[0]] = stack[-1]
+                pos += 4
+            elif code == 0x6A:  # LONG_BINGET
+                _need(pos + 4, end)
+                stack.append(memo[_U4(data, pos)[0]])
+                pos += 4
+            elif code == 0x7D:  # EMPTY_DICT
+                stack.append({})
+            elif code == 0x75:  # SETITEMS
+                items = stack
+                stack = metastack.pop()
+                if len(items) % 2:
+                    raise PickleScanError(f"SETITEMS with an odd number of items at byte {op_at}")
+                target = stack[-1]
+                for i in range(0, len(items), 2):
+                    _setitem(target, items[i], items[i + 1])
+            elif code == 0x51:  # BINPERSID
                 stack[-1] = _persistent(stack[-1], storages)
-            elif kind == _MEMOIZE:
+            elif code == 0x89:  # NEWFALSE
+                stack.append(False)
+            elif code == 0x88:  # NEWTRUE
+                stack.append(True)
+            elif code == 0x85:  # TUPLE1
+                stack[-1] = (stack[-1],)
+            elif code == 0x86:  # TUPLE2
+                if len(stack) < 2:
+                    raise IndexError
+                stack[-2:] = [(stack[-2], stack[-1])]
+            elif code == 0x87:  # TUPLE3
+                if len(stack) < 3:
+                    raise IndexError
+                stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
+            elif code == 0x29:  # EMPTY_TUPLE
+                stack.append(())
+            elif code == 0x4E:  # NONE
+                stack.append(None)
+            elif code == 0x4A:  # BININT
+                _need(pos + 4, end)
+                stack.append(_I4(data, pos)[0])
+                pos += 4
+            elif code == 0x4D:  # BININT2
+                _need(pos + 2, end)
+                stack.append(_U2(data, pos)[0])
+                pos += 2
+            elif code == 0x8C:  # SHORT_BINUNICODE
+                _need(pos + 1, end)
+                n = data[pos]
+                stack.append(_text(data, pos + 1, n, end))
+                pos += 1 + n
+            elif code == 0x94:  # MEMOIZE
                 memo[len(memo)] = stack[-1]
-            elif kind == _NO_OP:
-                pass
-            elif kind == _STOP:
+            elif code == 0x2E:  # STOP
                 if len(stack) != 1 or metastack:
                     raise PickleScanError("pickle stack not balanced at STOP")
-                root = stack.pop()
-                end = (stream.tell() - start) if hasattr(stream, "tell") else pos + 1
-                return PickleScan(root, tuple(storages), frozenset(names), end, ops)
+                root = stack[0]
+                if ops > MAX_NESTING and _nesting_exceeds(root, MAX_NESTING):
+                    raise ScanLimitError(f"too deeply nested to scan: containers nested more than "
+                                         f"{MAX_NESTING:,} deep")
+                return PickleScan(root, tuple(storages), frozenset(names), pos - start, ops)
             else:
-                if ops > max_ops:
-                    raise PickleScanError(f"more than {max_ops} pickle opcodes")
-                stack, result = _apply(opcode.name, arg, stack, metastack, memo, storages, names)
-                if result is not _NOTHING:
-                    stack.append(result)
-    except PickleScanError:
+                pos, stack, proto = _rare(code, data, pos, end, stack, metastack, memo, storages, names, proto)
+    except (PickleScanError, ScanLimitError):
         raise
-    except ValueError as exc:  # genops: truncated or unknown opcode
-        raise PickleScanError(f"malformed or truncated pickle: {exc}") from None
-    except (IndexError, KeyError, TypeError, AttributeError) as exc:
-        raise PickleScanError(f"malformed pickle near byte {pos}: {type(exc).__name__}") from None
-    raise PickleScanError("pickle ended without STOP (truncated)")
+    except (IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError, struct.error) as exc:
+        raise PickleScanError(f"malformed pickle near byte {op_at - start}: {type(exc).__name__}") from None
 
 
-_NOTHING = object()
+def _need(upto: int, end: int) -> None:
+    if upto > end:
+        raise TruncatedPickle("pickle ended inside an opcode argument (truncated)")
 
 
-def _pop_mark(stack: list, metastack: list[list]) -> tuple[list, list]:
-    items = stack
-    return metastack.pop(), items
+def _text(data: bytes, pos: int, n: int, end: int) -> Any:
+    _need(pos + n, end)
+    if n > MAX_SMALL_CONSTANT:
+        return Blob("str", n)
+    return str(data[pos:pos + n], "utf-8", "surrogatepass")
 
 
-def _apply(
-    name: str, arg: Any, stack: list, metastack: list[list], memo: dict, storages: list, names: set
-) -> tuple[list, Any]:
-    """One structural opcode; returns (stack, value to push or _NOTHING)."""
-    if name == "EMPTY_DICT":
-        return stack, {}
-    if name == "EMPTY_LIST":
-        return stack, []
-    if name == "EMPTY_SET":
-        return stack, []
-    if name == "LIST":
-        stack, items = _pop_mark(stack, metastack)
-        return stack, list(items)
-    if name == "FROZENSET":
-        stack, items = _pop_mark(stack, metastack)
-        return stack, tuple(items)
-    if name == "DICT":
-        stack, items = _pop_mark(stack, metastack)
+def _raw(data: bytes, pos: int, n: int, end: int) -> Any:
+    _need(pos + n, end)
+    if n > MAX_SMALL_CONSTANT:
+        return Blob("bytes", n)
+    return data[pos:pos + n]
+
+
+def _line(data: bytes, pos: int, end: int) -> tuple[bytes, int]:
+    newline = data.find(b"\n", pos, end)
+    if newline < 0:
+        raise TruncatedPickle("pickle ended inside a text argument (truncated)")
+    return data[pos:newline], newline + 1
+
+
+def _mark_items(stack: list, metastack: list[list]) -> tuple[list, list]:
+    """(the stack below the topmost MARK, the items above it)."""
+    return metastack.pop(), stack
+
+
+def _global(module: str, name: str, proto: int, names: set) -> Global:
+    module, name = resolve(module, name, proto)
+    names.add((module, name))
+    return Global(module, name)
+
+
+def _rare(code: int, data: bytes, pos: int, end: int, stack: list, metastack: list[list], memo: dict,
+          storages: list, names: set, proto: int) -> tuple[int, list, int]:
+    """Every other opcode: returns (position, stack, protocol)."""
+    push = stack.append
+    if code == 0x80:  # PROTO
+        _need(pos + 1, end)
+        proto = data[pos]
+        if proto > 5:
+            raise PickleScanError(f"unsupported pickle protocol {proto}")
+        return pos + 1, stack, proto
+    if code == 0x95:  # FRAME: the frame's bytes follow inline
+        _need(pos + 8, end)
+        _need(pos + 8 + _U8(data, pos)[0], end)
+        return pos + 8, stack, proto
+    if code == 0x63 or code == 0x69:  # GLOBAL, INST: "module\nname\n"
+        module, pos = _line(data, pos, end)
+        name, pos = _line(data, pos, end)
+        target = _global(module.decode("utf-8"), name.decode("utf-8"), proto, names)
+        if code == 0x63:
+            push(target)
+            return pos, stack, proto
+        stack, items = _mark_items(stack, metastack)
+        stack.append(Call(target, tuple(items)))
+        return pos, stack, proto
+    if code == 0x93:  # STACK_GLOBAL
+        name = stack.pop()
+        module = stack.pop()
+        if type(module) is not str or type(name) is not str:
+            raise PickleScanError("STACK_GLOBAL needs two strings")
+        push(_global(module, name, proto, names))
+        return pos, stack, proto
+    if code in (0x82, 0x83, 0x84):  # EXT1/2/4: a name from the loading process's copyreg registry
+        width = {0x82: 1, 0x83: 2, 0x84: 4}[code]
+        _need(pos + width, end)
+        ext = int.from_bytes(data[pos:pos + width], "little")
+        names.add(("<copyreg extension>", str(ext)))
+        push(Global("<copyreg extension>", str(ext)))
+        return pos + width, stack, proto
+    if code == 0x5D or code == 0x8F:  # EMPTY_LIST
+        push([])
+    elif code == 0x6C:  # LIST
+        stack, items = _mark_items(stack, metastack)
+        stack.append(list(items))
+    elif code == 0x91:  # FROZENSET
+        stack, items = _mark_items(stack, metastack)
+        stack.append(tuple(items))
+    elif code == 0x64:  # DICT
+        stack, items = _mark_items(stack, metastack)
+        if len(items) % 2:
+            raise PickleScanError("DICT with an odd number of items")
         out: dict = {}
-        for i in range(0, len(items) - 1, 2):
+        for i in range(0, len(items), 2):
             _setitem(out, items[i], items[i + 1])
-        return stack, out
-    if name == "SETITEM":
+        stack.append(out)
+    elif code == 0x73:  # SETITEM
         value = stack.pop()
         key = stack.pop()
         _setitem(stack[-1], key, value)
-        return stack, _NOTHING
-    if name == "SETITEMS":
-        stack, items = _pop_mark(stack, metastack)
-        target = stack[-1]
-        for i in range(0, len(items) - 1, 2):
-            _setitem(target, items[i], items[i + 1])
-        return stack, _NOTHING
-    if name == "APPEND":
+    elif code == 0x61:  # APPEND
         value = stack.pop()
         _append(stack[-1], [value])
-        return stack, _NOTHING
-    if name in ("APPENDS", "ADDITEMS"):
-        stack, items = _pop_mark(stack, metastack)
+    elif code == 0x65 or code == 0x90:  # APPENDS, ADDITEMS
+        stack, items = _mark_items(stack, metastack)
         _append(stack[-1], items)
-        return stack, _NOTHING
-    if name == "POP":
+    elif code == 0x30:  # POP
         if stack:
             stack.pop()
         else:
             stack = metastack.pop()
-        return stack, _NOTHING
-    if name == "POP_MARK":
-        stack, _ = _pop_mark(stack, metastack)
-        return stack, _NOTHING
-    if name == "DUP":
-        return stack, stack[-1]
-    if name == "GLOBAL":
-        module, _, attr = str(arg).partition(" ")
-        names.add(f"{module}.{attr}")
-        return stack, Global(module, attr)
-    if name == "STACK_GLOBAL":
-        attr = stack.pop()
-        module = stack.pop()
-        if not isinstance(module, str) or not isinstance(attr, str):
-            raise TypeError("STACK_GLOBAL needs two strings")
-        names.add(f"{module}.{attr}")
-        return stack, Global(module, attr)
-    if name in ("EXT1", "EXT2", "EXT4"):
-        return stack, Global("<extension>", str(arg))
-    if name == "BUILD":
+    elif code == 0x31:  # POP_MARK
+        stack = metastack.pop()
+    elif code == 0x32:  # DUP
+        push(stack[-1])
+    elif code == 0x62:  # BUILD
         state = stack.pop()
         target = stack[-1]
         if isinstance(target, Call):
             target.state = state
-        return stack, _NOTHING
-    if name == "NEWOBJ":
+    elif code == 0x81:  # NEWOBJ
         args = stack.pop()
         cls = stack.pop()
-        return stack, Call(cls, args)
-    if name == "NEWOBJ_EX":
+        push(Call(cls, args))
+    elif code == 0x92:  # NEWOBJ_EX
         kwargs = stack.pop()
         args = stack.pop()
         cls = stack.pop()
-        return stack, Call(cls, (args, kwargs))
-    if name == "INST":
-        module, _, attr = str(arg).partition(" ")
-        names.add(f"{module}.{attr}")
-        stack, items = _pop_mark(stack, metastack)
-        return stack, Call(Global(module, attr), tuple(items))
-    if name == "OBJ":
-        stack, items = _pop_mark(stack, metastack)
-        return stack, Call(items[0], tuple(items[1:]))
-    if name == "PERSID":
-        return stack, _persistent(arg, storages)
-    if name == "NEXT_BUFFER":
-        return stack, Call(Global("<buffer>", "out-of-band"), ())
-    raise PickleScanError(f"unsupported pickle opcode {name}")
+        push(Call(cls, (args, kwargs)))
+    elif code == 0x6F:  # OBJ
+        stack, items = _mark_items(stack, metastack)
+        if not items:
+            raise PickleScanError("OBJ without a class")
+        stack.append(Call(items[0], tuple(items[1:])))
+    elif code == 0x50:  # PERSID
+        pid, pos = _line(data, pos, end)
+        push(PersistentRef(pid.decode("ascii")))
+    elif code in (0x70, 0x67):  # PUT, GET (text index)
+        text, pos = _line(data, pos, end)
+        index = _small_int(text)
+        if code == 0x70:
+            memo[index] = stack[-1]
+        else:
+            push(memo[index])
+    elif code == 0x49:  # INT: "01"/"00" are True/False in protocol 0
+        text, pos = _line(data, pos, end)
+        push(True if text == b"01" else False if text == b"00" else _small_int(text))
+    elif code == 0x4C:  # LONG
+        text, pos = _line(data, pos, end)
+        push(_small_int(text[:-1] if text.endswith(b"L") else text))
+    elif code == 0x46:  # FLOAT
+        text, pos = _line(data, pos, end)
+        push(float(text))
+    elif code == 0x47:  # BINFLOAT
+        _need(pos + 8, end)
+        push(_F8(data, pos)[0])
+        pos += 8
+    elif code in (0x8A, 0x8B):  # LONG1, LONG4
+        width = 1 if code == 0x8A else 4
+        _need(pos + width, end)
+        n = data[pos] if width == 1 else _I4(data, pos)[0]
+        if n < 0:
+            raise PickleScanError("negative LONG4 length")
+        pos += width
+        _need(pos + n, end)
+        push(int.from_bytes(data[pos:pos + n], "little", signed=True) if n <= MAX_SMALL_CONSTANT else Blob("int", n))
+        pos += n
+    elif code == 0x53:  # STRING: a quoted, escaped line
+        text, pos = _line(data, pos, end)
+        if len(text) < 2 or text[0] != text[-1] or text[:1] not in (b"'", b'"'):
+            raise PickleScanError("STRING argument not quoted")
+        push(_maybe_ascii(codecs.escape_decode(text[1:-1])[0]))
+    elif code in (0x54, 0x55):  # BINSTRING, SHORT_BINSTRING (protocol 0-2 str)
+        width = 4 if code == 0x54 else 1
+        _need(pos + width, end)
+        n = _I4(data, pos)[0] if width == 4 else data[pos]
+        if n < 0:
+            raise PickleScanError("negative BINSTRING length")
+        raw = _raw(data, pos + width, n, end)
+        push(_maybe_ascii(raw) if isinstance(raw, bytes) else raw)
+        pos += width + n
+    elif code == 0x56:  # UNICODE
+        text, pos = _line(data, pos, end)
+        push(text.decode("raw-unicode-escape"))
+    elif code == 0x8D:  # BINUNICODE8
+        _need(pos + 8, end)
+        n = _U8(data, pos)[0]
+        push(_text(data, pos + 8, n, end))
+        pos += 8 + n
+    elif code in (0x42, 0x43, 0x8E, 0x96):  # BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8
+        width = {0x42: 4, 0x43: 1, 0x8E: 8, 0x96: 8}[code]
+        _need(pos + width, end)
+        n = data[pos] if width == 1 else _U4(data, pos)[0] if width == 4 else _U8(data, pos)[0]
+        push(_raw(data, pos + width, n, end))
+        pos += width + n
+    elif code == 0x98:  # READONLY_BUFFER
+        pass
+    elif code == 0x97:  # NEXT_BUFFER
+        raise PickleScanError("out-of-band buffer (protocol 5) with no buffers: cannot be loaded")
+    else:
+        raise PickleScanError(f"unknown pickle opcode 0x{code:02x}")
+    return pos, stack, proto
+
+
+def _small_int(text: bytes) -> int:
+    """A decimal argument of a text opcode (int() refuses more than 4,300 digits: ValueError)."""
+    return int(text)
+
+
+def _maybe_ascii(raw: bytes) -> Any:
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        return raw
 
 
 def _setitem(target: Any, key: Any, value: Any) -> None:
-    try:
-        hash(key)
-    except TypeError:
+    if not (type(key) in _PLAIN_KEYS or isinstance(key, (Call, Global, PersistentRef))):
         key = _Key(key)
     if isinstance(target, dict):
         target[key] = value
@@ -332,17 +510,18 @@ def _append(target: Any, values: list) -> None:
 def _persistent(pid: Any, storages: list[StorageRef]) -> PersistentRef:
     if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
         storage_type, key, location, numel = pid[1], pid[2], pid[3], pid[4]
-        type_name = storage_type.name if isinstance(storage_type, Global) else str(storage_type)
-        if isinstance(numel, int) and not isinstance(numel, bool):
-            storages.append(
-                StorageRef(type_name, str(key), str(location), numel, STORAGE_ITEMSIZE.get(type_name))
-            )
+        type_name = storage_type.name if isinstance(storage_type, Global) else (
+            storage_type if isinstance(storage_type, str) else "")
+        if type(numel) is int and isinstance(key, (str, int)) and type(key) is not bool:
+            storages.append(StorageRef(type_name, str(key), location if isinstance(location, str) else "",
+                                       numel, STORAGE_ITEMSIZE.get(type_name)))
     return PersistentRef(pid)
 
 
 def _reduce(func: Any, args: Any) -> Any:
     """Record a call; a few well-known shapes are kept as plain values so their contents stay
-    readable (OrderedDict is a dict, a Parameter is its tensor, a numpy int scalar is an int)."""
+    readable (OrderedDict is a dict, a Parameter is its tensor, a numpy int scalar is an int,
+    DeepSpeed's ZeroStageEnum(2) is 2)."""
     if isinstance(func, Global):
         if func == _OD and not args:
             return {}
@@ -352,8 +531,9 @@ def _reduce(func: Any, args: Any) -> Any:
             value = _numpy_int(args)
             if value is not None:
                 return value
-        if func.module == "copyreg" and func.name == "_reconstructor" and args:
-            return Call(args[0], args[1:])
+        if (func.name == "ZeroStageEnum" and isinstance(args, tuple) and len(args) == 1
+                and type(args[0]) is int):
+            return args[0]
     return Call(func, args)
 
 
@@ -364,11 +544,65 @@ def _numpy_int(args: Any) -> int | None:
         if not isinstance(raw, (bytes, str)) or not isinstance(code, str) or code[:1] not in "iu":
             return None
         data = raw.encode("latin-1") if isinstance(raw, str) else raw
+        if len(data) > 16:
+            return None
         state = dtype.state
         order = "big" if isinstance(state, tuple) and len(state) > 1 and state[1] == ">" else "little"
         return int.from_bytes(data, order, signed=code[0] == "i")
-    except (TypeError, ValueError, AttributeError, IndexError):
+    except (TypeError, ValueError, AttributeError, IndexError, UnicodeEncodeError):
         return None
+
+
+def _children(node: Any) -> Iterator[Any]:
+    if isinstance(node, (tuple, list)):
+        return iter(node)
+    if isinstance(node, dict):
+        return iter((*node.keys(), *node.values()))
+    if isinstance(node, Call):
+        return iter((node.func, node.args, node.state, node.items, node.elements))
+    if isinstance(node, _Key):
+        return iter((node.value,))
+    return iter((node.pid,))  # PersistentRef
+
+
+def _nesting_exceeds(root: Any, limit: int) -> bool:
+    """Whether containers nest more than ``limit`` deep under ``root``: one depth-first pass with
+    an explicit stack and memoised subtree heights (shared subtrees are walked once; a reference
+    back to a container on the current path, a cycle, adds no depth)."""
+    if not isinstance(root, _NODE_TYPES):
+        return False
+    height: dict[int, int] = {}
+    on_path = {id(root)}
+    path: list[tuple[Any, Iterator[Any]]] = [(root, _children(root))]
+    best = [0]
+    while path:
+        node, children = path[-1]
+        for child in children:
+            if not isinstance(child, _NODE_TYPES):
+                continue
+            known = height.get(id(child))
+            if known is not None:
+                if known > best[-1]:
+                    best[-1] = known
+                    if len(path) + known > limit:
+                        return True
+                continue
+            if id(child) in on_path:
+                continue
+            if len(path) >= limit:
+                return True
+            on_path.add(id(child))
+            path.append((child, _children(child)))
+            best.append(0)
+            break
+        else:
+            path.pop()
+            on_path.discard(id(node))
+            done = best.pop() + 1
+            height[id(node)] = done
+            if best and done > best[-1]:
+                best[-1] = done
+    return False
 
 
 def is_tensor(value: Any) -> bool:
@@ -385,13 +619,20 @@ def as_mapping(value: Any) -> dict | None:
     return None
 
 
-def _plain_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def plain_int(value: Any) -> int | None:
+    """``value`` when it is an int (not a bool) of a plausible step's size, else None."""
+    return value if type(value) is int and 0 <= value <= MAX_STEP else None
 
 
 def find_value(root: Any, keys: tuple[str, ...], accept: Any, depth: int = 1) -> Any:
     """The first value ``accept`` takes under one of ``keys`` in the top-level mapping, else in
     mappings directly below it (``meta: {iter: ...}``), down to ``depth``. Key order = priority."""
+    found = find_item(root, keys, accept, depth)
+    return None if found is None else found[1]
+
+
+def find_item(root: Any, keys: tuple[str, ...], accept: Any, depth: int = 1) -> tuple[str, Any] | None:
+    """(key, value) of :func:`find_value`."""
     level = [root]
     for _ in range(depth + 1):
         next_level = []
@@ -399,21 +640,22 @@ def find_value(root: Any, keys: tuple[str, ...], accept: Any, depth: int = 1) ->
             for key in keys:
                 value = mapping.get(key)
                 if value is not None and accept(value):
-                    return value
+                    return key, value
             next_level.extend(v for v in mapping.values() if as_mapping(v) is not None)
         level = next_level
     return None
 
 
 def find_int(root: Any, keys: tuple[str, ...], depth: int = 1) -> int | None:
-    return find_value(root, keys, lambda v: _plain_int(v) is not None, depth)
+    return find_value(root, keys, lambda v: plain_int(v) is not None, depth)
 
 
-def embedded_step(root: Any) -> int | None:
+def find_step(root: Any) -> int | None:
+    """The training step stored in the object (``global_step``, ``step``, ...), if plain."""
     return find_int(root, STEP_KEYS)
 
 
-def embedded_epoch(root: Any) -> int | None:
+def find_epoch(root: Any) -> int | None:
     return find_int(root, EPOCH_KEYS)
 
 
@@ -439,32 +681,8 @@ def iter_calls(root: Any, name: str) -> Iterator[Call]:
             todo.append(node.value)
 
 
-# Globals through which loading a pickle runs code or touches the system. A checkpoint naming one
-# is hostile or broken whatever its structure: it must never become a resume point, because a child
-# that loads with weights_only=False would execute it. (Ordinary checkpoints name torch, numpy,
-# collections, argparse, omegaconf or framework classes: those are left alone.)
-_UNSAFE_MODULES = frozenset({
-    "os", "posix", "nt", "subprocess", "sys", "runpy", "importlib", "pty", "socket", "shutil",
-    "pickle", "_pickle", "marshal", "types", "ctypes", "code", "codeop", "commands", "webbrowser",
-    "pdb", "timeit", "multiprocessing", "asyncio", "signal", "tempfile", "glob", "io", "_io",
-})
-_UNSAFE_BUILTINS = frozenset({
-    "eval", "exec", "compile", "__import__", "open", "getattr", "setattr", "delattr", "globals",
-    "locals", "vars", "input", "breakpoint", "exit", "quit", "help", "memoryview",
-})
-_UNSAFE_QUALIFIED = frozenset({
-    "operator.attrgetter", "operator.methodcaller", "functools.partial", "builtins.apply",
-    "platform.popen", "torch.load", "torch.hub.load", "torch.jit.load", "numpy.load",
-})
-
-
-def unsafe_globals(names: Iterable[str]) -> tuple[str, ...]:
-    """The names in a pickle's GLOBAL/STACK_GLOBAL records that would run code when loaded."""
-    bad = []
-    for name in names:
-        module, _, attr = name.rpartition(".")
-        top = module.split(".", 1)[0]
-        if (top in _UNSAFE_MODULES or name in _UNSAFE_QUALIFIED
-                or (module in ("builtins", "__builtin__") and attr in _UNSAFE_BUILTINS)):
-            bad.append(name)
-    return tuple(sorted(set(bad)))
+def describe(names: tuple[str, ...], limit: int = 3) -> str:
+    """Global names for a reason: printable, each cut to 120 characters, at most ``limit``."""
+    shown = [ascii(n)[1:-1][:120] for n in names[:limit]]
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(shown) + more

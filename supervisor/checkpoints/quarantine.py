@@ -10,8 +10,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .atomic import atomic_write_bytes
 from .naming import QUARANTINE_PREFIX

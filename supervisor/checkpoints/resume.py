@@ -4,26 +4,32 @@ The rule, in order:
 
 1. Every CORRUPT report goes to ``to_quarantine``. IN_PROGRESS and UNVERIFIABLE ones never do.
 2. *Usable* = VALID, or UNVERIFIABLE where something was read (level >= 1) and nothing proved it
-   damaged (all-zero CRCs, an unknown format, a step mismatch). A symlink leaving the checkpoint
-   dir is never usable.
+   damaged (all-zero CRCs, a step mismatch). A symlink leaving the checkpoint dir is never usable,
+   and neither is anything not ``load_safe``: a pickle naming a global outside the allowlist, or one
+   the scanner could not read to the end (over a cap, an unknown format torch.load would unpickle).
 3. Among usable candidates with a known step (the step in the name; for ``last.ckpt`` and other
    names without one, the embedded step or the step in the name of the file a symlink points
    to), the highest step wins. Never mtime, never lexical order. On equal steps: VALID beats
    UNVERIFIABLE, a step-named checkpoint beats a ``last`` alias (its name is immutable; ``last``
    is rewritten by the next save), then the higher ``-vN`` version. So an UNVERIFIABLE checkpoint
    is chosen only when no VALID one is as new, and ``last.ckpt`` only when it is valid and newer
-   than every step checkpoint.
+   than every step checkpoint. With ``require_verified`` (``--deep`` and the run loop's deep
+   confirmation), an UNVERIFIABLE checkpoint is chosen only when no VALID one exists at all: a
+   verified older checkpoint beats an unverifiable newer one.
 4. When no usable candidate has a step, a single ``last``-style alias (``last.ckpt``,
    ``latest.pt``; the highest ``-vN``) is chosen; other step-less files are never guessed at.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 from ..states import Verdict
-from .validate import CheckpointReport
+
+if TYPE_CHECKING:  # a pure decision over reports: the validator itself is not needed here
+    from .validate import CheckpointReport
 
 
 @dataclass(frozen=True)
@@ -37,7 +43,7 @@ class ResumeDecision:
 
 
 def is_usable(report: CheckpointReport) -> bool:
-    if report.link_outside:
+    if report.link_outside or not report.load_safe:
         return False
     if report.verdict is Verdict.VALID:
         return True
@@ -55,11 +61,13 @@ def order_candidates(reports: Sequence[CheckpointReport]) -> tuple[CheckpointRep
     return tuple(stepped + stepless)
 
 
-def choose_resume_point(reports: Sequence[CheckpointReport]) -> ResumeDecision:
+def choose_resume_point(reports: Sequence[CheckpointReport], *, require_verified: bool = False) -> ResumeDecision:
     """Apply the module's rule to one directory's reports."""
     candidates = order_candidates(reports)
     to_quarantine = tuple(r for r in candidates if r.verdict is Verdict.CORRUPT and not r.link_outside)
     usable = [r for r in candidates if is_usable(r)]
+    if require_verified and any(r.verdict is Verdict.VALID for r in usable):
+        usable = [r for r in usable if r.verdict is Verdict.VALID]
     stepped = [r for r in usable if r.step is not None]
     if stepped:
         chosen = max(stepped, key=_rank)

@@ -8,8 +8,8 @@ of steps are gone) is why the plan never leaves fewer than two VALID step checkp
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 from ..states import Verdict
 from .validate import CheckpointReport
@@ -24,7 +24,7 @@ class PrunePlan:
     reason: str
     failed: tuple[str, ...] = ()  # filled in by atomic.prune when a delete failed
 
-    def with_failures(self, failed: tuple[str, ...]) -> "PrunePlan":
+    def with_failures(self, failed: tuple[str, ...]) -> PrunePlan:
         return replace(self, failed=failed)
 
 

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..states import Verdict
 from . import formats as F
+from .fsio import describe_oserror
 from .naming import has_checkpoint_suffix, is_ignored_name, parse_name
-from .quarantine import QuarantineRecord, quarantine as quarantine_checkpoint, quarantine_tag as default_tag
+from .quarantine import QuarantineRecord
+from .quarantine import quarantine as quarantine_checkpoint
+from .quarantine import quarantine_tag as default_tag
 from .resume import ResumeDecision, choose_resume_point
 from .validate import CheckpointReport, validate
 
@@ -62,17 +66,17 @@ def scan(
     *,
     now: float | None = None,
     quiet_s: float = 0.0,
+    writers_alive: bool = True,
+    extra_safe_globals: Iterable[str] = (),
 ) -> list[CheckpointReport]:
-    """Validate every candidate in ``ckpt_dir``; newest first by step."""
+    """Validate every candidate in ``ckpt_dir``; newest first by step. (OSError when the dir
+    itself cannot be listed.)"""
     from .resume import order_candidates
 
-    reports = []
     paths, names = _list(ckpt_dir)
-    for path in paths:
-        try:
-            reports.append(validate(path, deep, confine_to=ckpt_dir, now=now, quiet_s=quiet_s, siblings=names))
-        except FileNotFoundError:  # removed between listing and checking (rotation)
-            continue
+    opts = _Opts(os.fspath(ckpt_dir), names, time.time() if now is None else now, quiet_s,
+                 writers_alive, tuple(extra_safe_globals))
+    reports = [r for r in (_validate(path, deep, opts) for path in paths) if r is not None]
     return list(order_candidates(reports))
 
 
@@ -89,6 +93,7 @@ class ResumeResult:
     reports: tuple[CheckpointReport, ...] = field(default=(), repr=False)
     chosen: CheckpointReport | None = field(default=None, repr=False)
     deep_checked: tuple[str, ...] = ()  # paths CRC-checked (L4) while confirming the choice
+    error: str | None = None  # the checkpoint dir exists but could not be listed (EACCES, EIO...)
 
     @property
     def found(self) -> bool:
@@ -114,6 +119,7 @@ class ResumeResult:
         data["ckpt_dir"] = self.ckpt_dir
         data["quarantined"] = self.quarantine_events()
         data["deep_checked"] = list(self.deep_checked)
+        data["error"] = self.error
         return data
 
 
@@ -125,11 +131,17 @@ def find_resume_point(
     deep_confirm: bool = False,
     now: float | None = None,
     quiet_s: float = DEFAULT_QUIET_S,
+    writers_alive: bool = True,
+    extra_safe_globals: Iterable[str] = (),
 ) -> ResumeResult:
     """Validate ``ckpt_dir``, choose the resume point, and with ``deep_confirm`` CRC-check (L4)
-    the chosen one, falling back to the next candidate while the check finds damage. With
-    ``quarantine``, every CORRUPT candidate is renamed aside. Never raises for a missing dir or a
-    read-only filesystem: the result says so.
+    the chosen one, falling back to the next candidate while the check finds damage; an
+    UNVERIFIABLE candidate (no CRCs recorded) then wins only when no VALID one exists. With
+    ``quarantine``, every CORRUPT candidate is renamed aside. ``writers_alive=False``: no process of
+    this run can be writing (the run loop holds the run lock and its child is gone), so a torn file
+    modified a moment ago is CORRUPT, not IN_PROGRESS. ``extra_safe_globals``: globals
+    (``"pkg.mod:Class"``) a user declared safe, on top of the allowlist. Never raises for a missing
+    or unlistable dir or a read-only filesystem: the result says so (``error``).
 
     Cost stays flat with the number of checkpoints: step checkpoints are checked newest first
     (L0-L3) down to the first usable one; older ones only get the L1 framing check, which still
@@ -137,24 +149,33 @@ def find_resume_point(
     (their step is inside)."""
     root = os.fspath(ckpt_dir)
     now = time.time() if now is None else now
+    if not writers_alive:
+        quiet_s = 0.0
     if not os.path.isdir(root):
         what = "does not exist yet" if not os.path.lexists(root) else "is not a directory"
         return ResumeResult(root, None, None, f"checkpoint dir {root} {what}: starting fresh", ())
-    paths, names = _list(root)
+    try:
+        paths, names = _list(root)
+    except OSError as exc:
+        reason = f"cannot list checkpoint dir {root}: {describe_oserror(exc)}"
+        return ResumeResult(root, None, None, reason, (), error=reason)
+    opts = _Opts(root, names, now, quiet_s, writers_alive, tuple(extra_safe_globals))
     known: dict[str, CheckpointReport] = {}
+    quick: dict[str, CheckpointReport | None] = {}
     deep_checked: list[str] = []
     while True:
-        reports = _reports_for_resume(root, paths, names, known, now, quiet_s)
-        decision = choose_resume_point(reports)
+        reports = _reports_for_resume(paths, known, quick, opts, want_valid=deep_confirm)
+        decision = choose_resume_point(reports, require_verified=deep_confirm)
         chosen = decision.chosen
         if not deep_confirm or chosen is None or chosen.path in deep_checked:
             break
         deep_checked.append(chosen.path)
-        try:
-            known[chosen.path] = validate(chosen.path, True, confine_to=root, now=now, quiet_s=quiet_s,
-                                          siblings=names)
-        except FileNotFoundError:
+        report = _validate(chosen.path, True, opts)
+        if report is None:
             paths = [p for p in paths if p != chosen.path]
+            known.pop(chosen.path, None)
+        else:
+            known[chosen.path] = report
     records: tuple[QuarantineRecord, ...] = ()
     if quarantine and decision.to_quarantine:
         tag = quarantine_tag or default_tag(now=now)
@@ -162,17 +183,45 @@ def find_resume_point(
     return _result(root, decision, records, deep_checked)
 
 
-def _reports_for_resume(root: str, paths: list[str], names: frozenset[str], known: dict[str, CheckpointReport],
-                        now: float, quiet_s: float) -> list[CheckpointReport]:
-    """Full reports down to the first usable step checkpoint, quick (L1) ones below it."""
+@dataclass(frozen=True)
+class _Opts:
+    root: str
+    names: frozenset[str]
+    now: float
+    quiet_s: float
+    writers_alive: bool
+    extra_safe: tuple[str, ...]
+
+
+def _validate(path: str, deep: bool, opts: _Opts, max_level: int = 3) -> CheckpointReport | None:
+    """One report, or None when the path vanished since the listing (rotation)."""
+    try:
+        return validate(path, deep, confine_to=opts.root, now=opts.now, quiet_s=opts.quiet_s,
+                        max_level=max_level, siblings=opts.names, writers_alive=opts.writers_alive,
+                        extra_safe=opts.extra_safe)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # lstat of the path itself failed (EACCES on a parent, ENAMETOOLONG...)
+        name = os.path.basename(path)
+        return CheckpointReport(path=path, format=F.UNKNOWN, verdict=Verdict.UNVERIFIABLE, level=0,
+                                reason=f"cannot stat: {describe_oserror(exc)}", size=0,
+                                step=parse_name(name).step, name_step=parse_name(name).step,
+                                load_safe=False)
+
+
+def _reports_for_resume(paths: list[str], known: dict[str, CheckpointReport],
+                        quick: dict[str, CheckpointReport | None], opts: _Opts, *,
+                        want_valid: bool = False) -> list[CheckpointReport]:
+    """Full reports down to the first usable step checkpoint (the first VALID one with
+    ``want_valid``), quick (L1) ones below it."""
     from .resume import is_usable
 
     def full(path: str) -> CheckpointReport | None:
         if path not in known:
-            try:
-                known[path] = validate(path, False, confine_to=root, now=now, quiet_s=quiet_s, siblings=names)
-            except FileNotFoundError:
+            report = _validate(path, False, opts)
+            if report is None:
                 return None
+            known[path] = report
         return known[path]
 
     infos = [(p, parse_name(os.path.basename(p))) for p in paths]
@@ -184,20 +233,16 @@ def _reports_for_resume(root: str, paths: list[str], names: frozenset[str], know
     for path, info in named:
         if anchor_step is None or info.step == anchor_step:
             report = full(path)
-            if report is not None and anchor_step is None and is_usable(report):
+            if (report is not None and anchor_step is None and is_usable(report)
+                    and (not want_valid or report.verdict is Verdict.VALID)):
                 anchor_step = info.step
         else:
-            report = _quick(path, root, names, now, quiet_s)
+            if path not in quick:
+                quick[path] = known.get(path) or _validate(path, False, opts, max_level=1)
+            report = quick[path]
         if report is not None:
             reports.append(report)
     return reports
-
-
-def _quick(path: str, root: str, names: frozenset[str], now: float, quiet_s: float) -> CheckpointReport | None:
-    try:
-        return validate(path, False, confine_to=root, now=now, quiet_s=quiet_s, max_level=1, siblings=names)
-    except FileNotFoundError:
-        return None
 
 
 def _result(root: str, decision: ResumeDecision, records: tuple[QuarantineRecord, ...],

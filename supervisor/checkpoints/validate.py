@@ -8,16 +8,20 @@ depend on the name and the surroundings.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..states import Verdict
 from . import formats as F
+from .allowlist import extra_safe_globals
 from .dircheck import check_dir, dir_size_and_mtime
 from .filecheck import check_file
+from .fsio import describe_oserror, file_kind
 from .naming import parse_name, unfinished_marker_names
 from .outcome import Outcome, unverifiable
 
@@ -46,6 +50,9 @@ class CheckpointReport:
     link_target: str | None = None  # what a symlink points to (as written in the link)
     link_outside: bool = False  # a symlink leaving the checkpoint dir: never followed or touched
     mtime: float | None = None  # newest mtime inside; informational only, never used to order
+    # False: a pickle in it names a global outside the allowlist, or could not be scanned to the
+    # end (over a scanner cap, unknown format). Never a resume point, whatever the verdict.
+    load_safe: bool = True
 
     @property
     def ok(self) -> bool:
@@ -76,25 +83,34 @@ def validate(
     quiet_s: float = 0.0,
     max_level: int = 3,
     siblings: frozenset[str] | None = None,
+    writers_alive: bool = True,
+    extra_safe: Iterable[str] = (),
 ) -> CheckpointReport:
     """Validate one checkpoint without executing anything in it.
 
     ``confine_to``: a symlink resolving outside this directory is reported (UNVERIFIABLE,
     ``link_outside``) and not followed. ``quiet_s``/``now``: a CORRUPT verdict on something
     modified less than ``quiet_s`` seconds before ``now`` becomes IN_PROGRESS (a writer may still
-    be at it, or an NFS client may see a stale size). ``max_level`` < 3 stops a file's ladder
+    be at it, or an NFS client may see a stale size). ``writers_alive=False`` says no writer of
+    this run exists (the run loop between attempts): nothing is in progress then, so recent torn
+    files and NeMo ``-unfinished`` markers mean CORRUPT. ``max_level`` < 3 stops a file's ladder
     early (a quick look at candidates older than the resume point; directories always get their
     full check). ``siblings``: the names in the parent directory when the caller has listed it
-    (saves a stat per marker lookup). Raises FileNotFoundError when ``path`` itself does not exist."""
+    (saves a stat per marker lookup). ``extra_safe``: globals (``"pkg.mod:Class"``) accepted on top
+    of the allowlist. Raises FileNotFoundError only when ``path`` itself does not exist; every
+    other OSError (a symlink loop, no permission, a FIFO) is a verdict with a reason."""
     raw = os.fspath(path)
     name = os.path.basename(raw.rstrip("/")) or raw
     info = parse_name(name)
-    st = os.lstat(raw)
-    base = dict(path=raw, name_step=info.step, is_last=info.is_last, version=info.version)
+    st = os.lstat(raw)  # FileNotFoundError: the caller's (rotation between listing and checking)
+    base = {"path": raw, "name_step": info.step, "is_last": info.is_last, "version": info.version}
     name_step = info.step
-    link_target = None
     if stat.S_ISLNK(st.st_mode):
-        link_target = os.readlink(raw)
+        try:
+            link_target = os.readlink(raw)
+        except OSError as exc:
+            return _report(base, unverifiable(F.SYMLINK, 0, f"unreadable symlink: {describe_oserror(exc)}",
+                                              load_safe=False), 0, None)
         resolved = os.path.realpath(raw)
         base["link_target"] = link_target
         if confine_to is not None and not _inside(resolved, os.path.realpath(confine_to)):
@@ -105,6 +121,10 @@ def validate(
         except FileNotFoundError:
             return _report(base, Outcome(F.SYMLINK, Verdict.CORRUPT, 0, f"dangling symlink to {link_target} "
                                          "(target deleted, e.g. by top-k rotation)"), 0, None)
+        except OSError as exc:  # ELOOP (points at itself), EACCES on the way...
+            maker = Verdict.CORRUPT if exc.errno == errno.ELOOP else Verdict.UNVERIFIABLE
+            return _report(base, Outcome(F.SYMLINK, maker, 0, f"symlink to {link_target}: {describe_oserror(exc)}",
+                                         load_safe=False), 0, None)
         if name_step is None:
             name_step = parse_name(os.path.basename(resolved)).step
             base["name_step"] = name_step
@@ -112,19 +132,27 @@ def validate(
     exists = (lambda m: m in siblings) if siblings is not None else (lambda m: os.path.lexists(os.path.join(parent, m)))
     marker = next((m for m in unfinished_marker_names(name) if exists(m)), None)
     if marker is not None:
-        outcome = Outcome(F.UNKNOWN, Verdict.IN_PROGRESS, 0,
-                          f"NeMo marker '{marker}' present: the save did not finish")
+        if writers_alive:
+            outcome = Outcome(F.UNKNOWN, Verdict.IN_PROGRESS, 0,
+                              f"NeMo marker '{marker}' present: the save did not finish")
+        else:
+            outcome = Outcome(F.UNKNOWN, Verdict.CORRUPT, 0,
+                              f"NeMo marker '{marker}' present and no writer is alive: the save never finished")
         return _report(base, outcome, st.st_size, st.st_mtime)
     is_dir = stat.S_ISDIR(st.st_mode)
-    outcome = _run_ladder(raw, is_dir, st, deep, max_level)
+    with extra_safe_globals(extra_safe):
+        outcome = _run_ladder(raw, is_dir, st, deep, max_level)
+    size, mtime = st.st_size, st.st_mtime
     if is_dir:
-        size, mtime = dir_size_and_mtime(raw)
-    else:
-        size, mtime = st.st_size, st.st_mtime
+        try:
+            size, mtime = dir_size_and_mtime(raw)
+        except OSError:
+            pass
     outcome = _step_rule(outcome, name_step)
     if outcome.verdict is Verdict.VALID and max_level < 3 and not is_dir:
         outcome = outcome.but(reason=f"{outcome.reason} (quick check: L{outcome.level} only)")
-    if outcome.verdict is Verdict.CORRUPT and quiet_s > 0 and now is not None and now - mtime < quiet_s:
+    if (outcome.verdict is Verdict.CORRUPT and writers_alive and quiet_s > 0 and now is not None
+            and now - mtime < quiet_s):
         outcome = outcome.but(verdict=Verdict.IN_PROGRESS,
                               reason=f"modified {max(now - mtime, 0):.1f} s ago, may still be written ({outcome.reason})")
     return _report(base, outcome, size, mtime, is_dir=is_dir, name_step=name_step)
@@ -136,18 +164,18 @@ def _run_ladder(path: str, is_dir: bool, st: os.stat_result, deep: bool, max_lev
             return check_dir(path, deep=deep)
         if stat.S_ISREG(st.st_mode):
             return check_file(path, deep=deep, max_level=3 if deep else max_level)
-        return unverifiable(F.UNKNOWN, 0, "not a regular file or directory")
-    except PermissionError as exc:
-        return unverifiable(F.UNKNOWN, 0, f"cannot read: {exc.strerror} ({exc.filename or path})")
+        return unverifiable(F.UNKNOWN, 0, f"{file_kind(st.st_mode)}, not a regular file or directory",
+                            load_safe=False)
     except FileNotFoundError as exc:
         if not os.path.lexists(path):
             raise
         return unverifiable(F.UNKNOWN, 0, f"{exc.filename or 'a file'} vanished while checking (being rewritten?)")
     except OSError as exc:
-        return unverifiable(F.UNKNOWN, 0, f"I/O error while reading: {exc.strerror or exc}")
+        return unverifiable(F.UNKNOWN, 0, f"cannot read: {describe_oserror(exc)}", load_safe=False)
     except Exception as exc:  # a validator bug must not take the supervisor down
         log.exception("checkpoint validation of %s failed unexpectedly", path)
-        return unverifiable(F.UNKNOWN, 0, f"internal error in the validator: {type(exc).__name__}: {exc}")
+        return unverifiable(F.UNKNOWN, 0, f"internal error in the validator: {type(exc).__name__}: {exc}",
+                            load_safe=False)
 
 
 def _step_rule(outcome: Outcome, name_step: int | None) -> Outcome:
@@ -170,7 +198,7 @@ def _report(base: dict, outcome: Outcome, size: int, mtime: float | None, **extr
     return CheckpointReport(format=outcome.format, verdict=outcome.verdict, level=outcome.level,
                             reason=outcome.reason, size=size, step=step,
                             embedded_step=outcome.embedded_step, epoch=outcome.epoch, mtime=mtime,
-                            **fields)
+                            load_safe=outcome.load_safe, **fields)
 
 
 def _inside(resolved: str, root: str) -> bool:

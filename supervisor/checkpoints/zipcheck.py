@@ -15,12 +15,15 @@ in a larger file (a DCP ``.distcp`` item) is checked the same way.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import struct
 import threading
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
+
+from .limits import MAX_PICKLE_BYTES, ScanLimitError
 
 LOCAL_SIG = b"PK\x03\x04"
 CENTRAL_SIG = b"PK\x01\x02"
@@ -108,14 +111,14 @@ def read_trailer(fd: int, base: int, length: int, *, check_head: bool = True) ->
     tail = pread_exact(fd, tail_len, base + length - tail_len)
     if len(tail) != tail_len:
         raise ZipCheckError(1, "file shorter than its recorded size (changed while reading?)")
-    if tail_len == TORCH_TRAILER and tail[76:80] == EOCD_SIG and tail[56:60] == ZIP64_LOCATOR_SIG:
-        if tail[0:4] == ZIP64_EOCD_SIG and struct.unpack_from("<H", tail, 96)[0] == 0:
-            z64_offset = struct.unpack_from("<Q", tail, 64)[0]
-            entries, cd_size, cd_offset = struct.unpack_from("<QQQ", tail, 32)
-            end = length - TORCH_TRAILER
-            if z64_offset != end or cd_offset + cd_size != end:
-                raise ZipCheckError(1, "central directory bounds do not match the ZIP64 trailer")
-            return Trailer(cd_offset, cd_size, entries, torch_layout=True)
+    if (tail_len == TORCH_TRAILER and tail[76:80] == EOCD_SIG and tail[56:60] == ZIP64_LOCATOR_SIG
+            and tail[0:4] == ZIP64_EOCD_SIG and struct.unpack_from("<H", tail, 96)[0] == 0):
+        z64_offset = struct.unpack_from("<Q", tail, 64)[0]
+        entries, cd_size, cd_offset = struct.unpack_from("<QQQ", tail, 32)
+        end = length - TORCH_TRAILER
+        if z64_offset != end or cd_offset + cd_size != end:
+            raise ZipCheckError(1, "central directory bounds do not match the ZIP64 trailer")
+        return Trailer(cd_offset, cd_size, entries, torch_layout=True)
     return _generic_trailer(fd, base, length, tail)
 
 
@@ -172,7 +175,7 @@ def read_index(fd: int, base: int, length: int, trailer: Trailer) -> ZipIndex:
         raise ZipCheckError(2, "empty zip archive")
     entries = [_probe_local_header(fd, base, trailer.cd_offset, *item) for item in raw]
     ordered = sorted(entries, key=lambda e: e.header_offset)
-    for before, after in zip(ordered, ordered[1:]):
+    for before, after in itertools.pairwise(ordered):
         if before.data_offset + before.comp_size > after.header_offset:
             raise ZipCheckError(2, f"entries {before.name!r} and {after.name!r} overlap")
     prefix = entries[0].name.split("/", 1)[0]
@@ -242,19 +245,47 @@ def _probe_local_header(
     return ZipEntry(name, offset, data_offset, csize, usize, crc, method)
 
 
-def read_entry(fd: int, base: int, entry: ZipEntry, limit: int = 1 << 31) -> bytes:
-    """The uncompressed bytes of one (small) entry, e.g. ``data.pkl``."""
+def read_entry(fd: int, base: int, entry: ZipEntry, limit: int = MAX_PICKLE_BYTES) -> bytes:
+    """The uncompressed bytes of one (small) entry, e.g. ``data.pkl``. Never more than ``limit``
+    bytes are read or inflated, whatever the size fields say: ScanLimitError beyond that."""
     if entry.size > limit:
-        raise ZipCheckError(3, f"entry {entry.name!r} too large to read ({entry.size} bytes)")
-    data = pread_exact(fd, entry.comp_size, base + entry.data_offset)
-    if len(data) != entry.comp_size:
-        raise ZipCheckError(3, f"entry {entry.name!r} is cut short")
-    if entry.method == 8:
-        try:
-            data = zlib.decompress(data, -15)
-        except zlib.error as exc:
-            raise ZipCheckError(3, f"entry {entry.name!r} does not decompress: {exc}") from None
-    return data
+        raise ScanLimitError(f"too large to scan: {entry.name!r} is {entry.size:,} bytes (limit {limit:,})")
+    if entry.method == 0:
+        if entry.comp_size != entry.size:
+            raise ZipCheckError(2, f"stored entry {entry.name!r} has two different sizes")
+        data = pread_exact(fd, entry.comp_size, base + entry.data_offset)
+        if len(data) != entry.comp_size:
+            raise ZipCheckError(3, f"entry {entry.name!r} is cut short")
+        return data
+    inflater = zlib.decompressobj(-15)
+    parts: list[bytes] = []
+    got = 0
+    offset, remaining = base + entry.data_offset, entry.comp_size
+    try:
+        while remaining > 0 or inflater.unconsumed_tail:
+            if inflater.unconsumed_tail:
+                chunk = inflater.unconsumed_tail
+            else:
+                chunk = pread_exact(fd, min(remaining, 1 << 20), offset)
+                if not chunk:
+                    raise ZipCheckError(3, f"entry {entry.name!r} is cut short")
+                offset += len(chunk)
+                remaining -= len(chunk)
+            out = inflater.decompress(chunk, limit + 1 - got)
+            got += len(out)
+            parts.append(out)
+            if got > limit:
+                raise ScanLimitError(f"too large to scan: {entry.name!r} inflates past {limit:,} bytes "
+                                     f"(its size field says {entry.size:,})")
+            if inflater.eof:
+                break
+    except zlib.error as exc:
+        raise ZipCheckError(3, f"entry {entry.name!r} does not decompress: {exc}") from None
+    if not inflater.eof:
+        raise ZipCheckError(3, f"entry {entry.name!r}: compressed data ends early")
+    if got != entry.size:
+        raise ZipCheckError(3, f"entry {entry.name!r} inflates to {got:,} bytes, its size field says {entry.size:,}")
+    return b"".join(parts)
 
 
 @dataclass(frozen=True)
@@ -283,22 +314,29 @@ def crc_check(fd: int, base: int, index: ZipIndex) -> CrcResult:
 
 
 def _entry_crc(fd: int, base: int, entry: ZipEntry, view: memoryview) -> int:
+    if entry.method == 8:
+        return _inflated_crc(fd, base, entry)
     crc = 0
     remaining = entry.comp_size
     offset = base + entry.data_offset
-    inflater = zlib.decompressobj(-15) if entry.method == 8 else None
     while remaining > 0:
         want = min(remaining, len(view))
         got = os.preadv(fd, [view[:want]], offset)
         if got <= 0:
             raise ZipCheckError(4, f"entry {entry.name!r} is cut short")
-        chunk = view[:got]
-        crc = zlib.crc32(inflater.decompress(chunk) if inflater else chunk, crc)
+        crc = zlib.crc32(view[:got], crc)
         offset += got
         remaining -= got
-    if inflater is not None:
-        crc = zlib.crc32(inflater.flush(), crc)
     return crc
+
+
+def _inflated_crc(fd: int, base: int, entry: ZipEntry) -> int:
+    """CRC of a deflated entry (torch never compresses; a re-zipped file might). Bounded: output
+    is inflated in chunks and never past the recorded size, so a bomb costs its recorded size."""
+    if entry.size > MAX_PICKLE_BYTES:
+        raise ScanLimitError(f"too large to scan: compressed entry {entry.name!r} of {entry.size:,} bytes "
+                             "(torch never compresses)")
+    return zlib.crc32(read_entry(fd, base, entry))
 
 
 # L4 results are cached per file identity so the same checkpoint is CRC-read at most once.

@@ -1,0 +1,48 @@
+"""The step stored inside a single-file checkpoint, read by the inert scan (never by unpickling).
+
+Why: scripts that keep only ``last.ckpt`` and rewrite it in place carry no step in the name. After
+such a save the run loop can still record the step it reached, from the ``global_step``/``step``/
+``epoch`` the file itself holds.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..states import Verdict
+from .filecheck import check_file
+from .limits import MAX_STEP
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What a checkpoint says about its own progress. ``step`` is ``global_step`` (Lightning),
+    ``global_steps`` (DeepSpeed), ``step``/``iteration``/... (plain loops; the top-level mapping
+    first, then mappings directly below it, or a one-element integer tensor under ``step``);
+    ``epoch`` the top-level ``epoch``. Either may be None, never both."""
+
+    path: str
+    step: int | None
+    epoch: int | None
+    format: str
+    reason: str  # what the validator found (the file is whole and safe to scan)
+
+
+def embedded_step(path: str | os.PathLike[str]) -> StepInfo | None:
+    """The step/epoch inside the checkpoint file at ``path``, or None when the file is not a whole,
+    allowlisted single-file checkpoint (torn, unsafe, over a scanner cap, a directory, unreadable)
+    or holds neither. Pure apart from bounded reads (trailer, central directory, ``data.pkl``:
+    milliseconds, whatever the file size); never raises."""
+    raw = os.fspath(path)
+    try:
+        outcome = check_file(raw, max_level=3)
+    except OSError:
+        return None
+    if outcome.verdict is not Verdict.VALID or not outcome.load_safe:
+        return None
+    step = outcome.embedded_step if outcome.embedded_step is not None and 0 <= outcome.embedded_step <= MAX_STEP else None
+    epoch = outcome.epoch if outcome.epoch is not None and 0 <= outcome.epoch <= MAX_STEP else None
+    if step is None and epoch is None:
+        return None
+    return StepInfo(raw, step, epoch, outcome.format, outcome.reason)
