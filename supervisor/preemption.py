@@ -39,7 +39,8 @@ DeadlineSource = Literal["slurm_end_time", "default_grace", "time_limit_warning"
 RequeueHow = Literal["scontrol", "slurm_will", "resubmit", "none"]
 
 _NOTICE_SOURCES = ("signal", "poll", "client", "time_limit")
-_HARDWARE = frozenset({FailureClass.HARDWARE_FAULT, FailureClass.SHM_EXHAUSTED, FailureClass.NODE_FAILURE})
+_HARDWARE = frozenset({FailureClass.HARDWARE_FAULT, FailureClass.SHM_EXHAUSTED, FailureClass.NODE_FAILURE,
+                       FailureClass.INTERCONNECT})
 _WAITING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 
 
