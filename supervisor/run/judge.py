@@ -63,13 +63,13 @@ class AttemptVerdict:
 def effective_class(failure: Failure, facts: AttemptFacts) -> tuple[FailureClass, str]:
     """What the supervisor knows beats the text: a stall, an interrupt, a notice, its own stop."""
     cls = failure.cls
+    if cls is FailureClass.COMPLETED and (failure.signal is not None or failure.exit_code not in (0, None)):
+        # Killed after the training printed that it finished (a teardown hang, a late notice): done.
+        return cls, failure.reason
     if facts.hang:
         return FailureClass.HANG, facts.stall_reason or "no progress: stalled"
     if facts.cancelled:
         return FailureClass.CANCELLED, "interrupted by a person (Ctrl-C)"
-    if cls is FailureClass.COMPLETED and (failure.signal is not None or failure.exit_code not in (0, None)):
-        # Killed after the training printed that it finished (a teardown hang, a late notice): done.
-        return cls, failure.reason
     if facts.notice_class is not None:
         if cls is FailureClass.COMPLETED and facts.client_done:
             return cls, failure.reason
