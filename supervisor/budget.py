@@ -1,74 +1,59 @@
-"""The step-budget audit (DESIGN.md §8): a per-attempt ledger folded from the event log, the
-continue/stop verdict over it, and the resume audit. Pure: events and numbers in, frozen records and
-verdicts with a ``reason`` out. Unknown numbers stay ``None``; no step is ever guessed.
+"""The budgets: may the run go on? ``judge`` weighs the ledger (:mod:`supervisor.ledger`) against
+``BudgetConfig``; ``run_verdict`` is the one verdict that ``supervise audit``, ``supervise report``
+and the run's own exit share; the resume audits check where an attempt started. Pure: records and
+numbers in, frozen verdicts with a ``reason`` out. Every budget that stops a run names itself (its
+``BudgetConfig`` field) in the verdict; ``docs/policy.md`` lists them all.
 
-Definitions:
-
-* **durable step** of an attempt: the step of its last successful ``save_end``; else its resume
-  step; else 0 when the attempt is known to have started fresh (an ``attempt_start`` with no resume
-  path), since a restart then starts from nothing; else unknown.
-* **steps lost** = last step seen − durable step (never below 0; unknown when the attempt reported
-  no step or the durable step is unknown; 0 for a completed attempt).
-* **wall lost** = seconds from the last durable save (or the attempt's start) to the attempt's end.
-* **allocation**: attempts that share a Slurm job id *and* restart count (a requeue keeps the job id
-  and bumps ``SLURM_RESTART_COUNT``, so each requeue is a new allocation).
-* **crash**: an attempt that ended in a failure the run is answerable for: any class except
-  ``completed``, ``preempted``, ``time_limit`` and ``cancelled`` (the scheduler's or a person's doing).
+The ledger's names are re-exported here: ``from supervisor.budget import AttemptRecord,
+ledger_from_events`` keeps working.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from .config import BudgetConfig
-from .events import Ev, Event
-from .states import Action, FailureClass
+from .events import Event
+from .ledger import (
+    NOT_FAILURES,
+    SCHEDULER_ENDS,
+    AttemptRecord,
+    durable_end,
+    final_run_end,
+    is_crash,
+    ledger_from_events,
+    made_progress,
+    progress_by_attempt,
+    records_to_json,
+    restarts_from_scratch,
+    start_step,
+    steps_lost,
+)
+from .states import RunOutcome
 
 __all__ = [
-    "AttemptRecord", "BudgetVerdict", "ResumeAudit", "audit_resume", "is_crash", "judge",
-    "ledger_from_events", "steps_lost",
+    "AttemptRecord",
+    "BudgetVerdict",
+    "DurableHistoryAudit",
+    "ResumeAudit",
+    "RunVerdict",
+    "audit_durable_history",
+    "audit_resume",
+    "is_crash",
+    "judge",
+    "ledger_from_events",
+    "records_to_json",
+    "run_verdict",
+    "steps_lost",
+    "stop_cause",
 ]
 
-NOT_CRASHES = frozenset({FailureClass.COMPLETED, FailureClass.PREEMPTED, FailureClass.TIME_LIMIT,
-                         FailureClass.CANCELLED})
+NOT_CRASHES = NOT_FAILURES  # the older name
 # Fewer losses than this are no pattern: the per-class retry limits judge them, not the fraction.
 MIN_LOSSES_FOR_FRACTION = 3
-
-
-@dataclass(frozen=True)
-class AttemptRecord:
-    """One launch of the child, as the event log tells it. ``cls`` None = it has no recorded end
-    (still running, or the supervisor was killed)."""
-
-    attempt: int
-    job_id: str | None = None
-    restart_count: int | None = None
-    nodes: tuple[str, ...] = ()
-    resume_path: str | None = None
-    resume_step: int | None = None
-    first_step: int | None = None
-    last_step: int | None = None
-    last_durable_step: int | None = None
-    cls: FailureClass | None = None
-    action: Action | None = None
-    evidence: tuple[str, ...] = ()
-    exit_code: int | None = None
-    signal: int | None = None
-    start: float | None = None
-    end: float | None = None
-    steps_lost: int | None = None
-    wall_lost: float | None = None
-    failure_step: int | None = None  # the step the classifier saw the failure at (``failure`` event)
-
-    @property
-    def status(self) -> str:
-        """The end class, or ``incomplete`` when the log has no end for this attempt."""
-        return self.cls.value if self.cls is not None else "incomplete"
-
-    @property
-    def allocation(self) -> tuple[str | None, int]:
-        return (self.job_id, self.restart_count or 0)
 
 
 @dataclass(frozen=True)
@@ -80,6 +65,11 @@ class BudgetVerdict:
     reason: str
     numbers: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def stop_reason(self) -> str:
+        """The ``run_end`` reason of a run this verdict stops (``run_verdict`` reads it back)."""
+        return f"budget {self.budget} exhausted: {self.reason}"
+
 
 @dataclass(frozen=True)
 class ResumeAudit:
@@ -90,225 +80,7 @@ class ResumeAudit:
 
 
 # ---------------------------------------------------------------------------------------------
-# Ledger
-
-
-def steps_lost(last_step: int | None, durable_step: int | None) -> int | None:
-    """Last step seen minus the last durable step; None when either is unknown."""
-    if last_step is None or durable_step is None:
-        return None
-    return max(last_step - durable_step, 0)
-
-
-def is_crash(cls: FailureClass | None) -> bool:
-    return cls is not None and cls not in NOT_CRASHES
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    return None
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value)
-
-
-def _signal(value: Any) -> int | None:
-    """``attempt_end`` writes the signal's name (``SIGSEGV``); older or other writers the number."""
-    number = _int(value)
-    if number is not None:
-        return abs(number)
-    if isinstance(value, str) and value:
-        from .signals import parse_signal
-
-        try:
-            return parse_signal(value)
-        except ValueError:
-            return None
-    return None
-
-
-def _enum(kind: type, value: Any) -> Any:
-    try:
-        return kind(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _nodes(value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) and value:
-        return (value,)
-    if isinstance(value, (list, tuple)):
-        return tuple(str(v) for v in value if v)
-    return ()
-
-
-@dataclass
-class _Fold:
-    """Mutable accumulator for one attempt while the events are folded."""
-
-    attempt: int
-    started: bool = False
-    job_id: str | None = None
-    restart_count: int | None = None
-    nodes: tuple[str, ...] = ()
-    resume_path: str | None = None
-    resume_step: int | None = None
-    start: float | None = None
-    reported_first: int | None = None  # ``resumed`` event
-    first_seen: int | None = None
-    max_seen: int | None = None
-    durable_step: int | None = None
-    durable_ts: float | None = None
-    end: float | None = None
-    end_fields: dict[str, Any] = field(default_factory=dict)
-    cls: FailureClass | None = None
-    action: Action | None = None
-    decided: Action | None = None
-    evidence: tuple[str, ...] = ()
-    exit_code: int | None = None
-    signal: int | None = None
-    failure_step: int | None = None
-
-    def see(self, step: int | None) -> None:
-        if step is None:
-            return
-        if self.first_seen is None:
-            self.first_seen = step
-        self.max_seen = step if self.max_seen is None else max(self.max_seen, step)
-
-    def record(self, is_last: bool) -> AttemptRecord:
-        e = self.end_fields
-        first = _int(e.get("first_step"))
-        if first is None:
-            first = self.reported_first if self.reported_first is not None else self.first_seen
-        last = _int(e.get("last_step"))
-        if last is None:
-            last = self.max_seen
-        elif self.max_seen is not None:
-            last = max(last, self.max_seen)
-        resume_step = self.resume_step if self.resume_step is not None else _int(e.get("resume_step"))
-        resume_path = self.resume_path or (e.get("resume_path") or None)
-        durable = _int(e.get("last_durable_step"))
-        if durable is None:
-            durable = self.durable_step if self.durable_step is not None else resume_step
-        fresh = self.started and not resume_path and resume_step is None
-        lost = _int(e.get("steps_lost"))
-        if self.cls == FailureClass.COMPLETED:
-            lost = 0
-        elif lost is None and not (is_last and self.cls is None):  # a live attempt has lost nothing yet
-            lost = steps_lost(last, durable if durable is not None else (0 if fresh else None))
-        wall = _float(e.get("wall_lost"))
-        if self.cls == FailureClass.COMPLETED:
-            wall = 0.0
-        elif wall is None and self.end is not None:
-            since = self.durable_ts if self.durable_ts is not None else self.start
-            wall = max(self.end - since, 0.0) if since is not None else None
-        return AttemptRecord(
-            attempt=self.attempt, job_id=self.job_id, restart_count=self.restart_count, nodes=self.nodes,
-            resume_path=resume_path, resume_step=resume_step, first_step=first, last_step=last,
-            last_durable_step=durable, cls=self.cls, action=self.decided or self.action,
-            evidence=self.evidence, exit_code=self.exit_code, signal=self.signal, start=self.start,
-            end=self.end, steps_lost=lost, wall_lost=wall, failure_step=self.failure_step)
-
-
-def ledger_from_events(events: Sequence[Event]) -> list[AttemptRecord]:
-    """Fold the event log into one record per attempt, in attempt order.
-
-    Tolerant of gaps: an event naming an attempt that never started creates it; an event without an
-    ``attempt`` field belongs to the attempt in progress; an attempt with no ``attempt_end`` is
-    reported with ``cls`` None (``status`` "incomplete").
-    """
-    folds: dict[int, _Fold] = {}
-    current: _Fold | None = None
-
-    def fold_for(ev: Event) -> _Fold | None:
-        nonlocal current
-        number = _int(ev.get("attempt"))
-        if number is None:
-            return current
-        if number not in folds:
-            folds[number] = _Fold(number)
-        current = folds[number] if current is None or number >= current.attempt else current
-        return folds[number]
-
-    for ev in events:
-        name = ev.event
-        if name == Ev.ATTEMPT_START.value:
-            number = _int(ev.get("attempt"))
-            if number is None:
-                number = max(folds, default=0) + 1
-            f = folds.setdefault(number, _Fold(number))
-            current = f
-            f.started, f.start = True, ev.ts
-            f.job_id = None if ev.get("job_id") in (None, "") else str(ev.get("job_id"))
-            f.restart_count = _int(ev.get("restart_count"))
-            f.nodes = _nodes(ev.get("nodes")) or _nodes(ev.get("host"))
-            f.resume_path = ev.get("resume_path") or None
-            f.resume_step = _int(ev.get("resume_step"))
-            continue
-        if name not in _FOLDED:
-            continue
-        f = fold_for(ev)
-        if f is None:
-            continue
-        if name == Ev.PROGRESS.value:
-            f.see(_int(ev.get("step")))
-        elif name == Ev.RESUMED.value:
-            step = _int(ev.get("step"))
-            if f.reported_first is None and step is not None:
-                f.reported_first = step
-            f.see(step)
-        elif name == Ev.SAVE_END.value:
-            step = _int(ev.get("step"))
-            if ev.get("ok") is not False and step is not None:
-                f.durable_step, f.durable_ts = step, ev.ts
-                f.see(step)
-        elif name == Ev.ATTEMPT_END.value:
-            f.end = ev.ts
-            f.end_fields = dict(ev.fields)
-            f.cls = _enum(FailureClass, ev.get("class")) or f.cls
-            f.action = _enum(Action, ev.get("action")) or f.action
-            f.exit_code = _int(ev.get("exit_code")) if ev.get("exit_code") is not None else f.exit_code
-            f.signal = _signal(ev.get("signal")) if ev.get("signal") is not None else f.signal
-            f.see(_int(ev.get("last_step")))
-        elif name == Ev.FAILURE.value:
-            f.cls = f.cls or _enum(FailureClass, ev.get("class"))
-            f.action = f.action or _enum(Action, ev.get("action"))
-            evidence = ev.get("evidence")
-            if isinstance(evidence, (list, tuple)):
-                f.evidence = tuple(str(x) for x in evidence)
-            elif isinstance(evidence, str):
-                f.evidence = (evidence,)
-            f.failure_step = _int(ev.get("step"))
-            if f.exit_code is None:
-                f.exit_code = _int(ev.get("exit_code"))
-            if f.signal is None:
-                f.signal = _signal(ev.get("signal"))
-            if ev.get("node") and not f.nodes:
-                f.nodes = (str(ev.get("node")),)
-        elif name == Ev.DECISION.value:
-            f.decided = _enum(Action, ev.get("action")) or f.decided
-
-    ordered = [folds[n] for n in sorted(folds)]
-    return [f.record(is_last=(i == len(ordered) - 1)) for i, f in enumerate(ordered)]
-
-
-_FOLDED = frozenset(e.value for e in (Ev.PROGRESS, Ev.RESUMED, Ev.SAVE_END, Ev.ATTEMPT_END, Ev.FAILURE,
-                                      Ev.DECISION))
-
-
-# ---------------------------------------------------------------------------------------------
-# Verdict
+# The budgets
 
 
 def _current_allocation(records: Sequence[AttemptRecord], job_id: str | None) -> list[AttemptRecord]:
@@ -344,22 +116,69 @@ def _progress_of(record: AttemptRecord, steps_known: bool) -> int | None:
     return None
 
 
+def _requeues_without_progress(records: Sequence[AttemptRecord], progress: Sequence[int | None],
+                               min_progress: int) -> int:
+    """Scheduler ends (preemption, time limit) since the last attempt that made durable progress."""
+    count = 0
+    for r, p in zip(reversed(records), reversed(progress)):
+        if made_progress(p, min_progress):
+            break
+        if r.cls in SCHEDULER_ENDS:
+            count += 1
+    return count
+
+
+@dataclass(frozen=True)
+class FailureRate:
+    """The newest ``failures`` failures and the durable progress made from the first of them on."""
+
+    failures: int
+    progress: int
+    first_attempt: int
+    last_attempt: int
+    from_step: int
+    to_step: int
+
+    @property
+    def per_failure(self) -> float:
+        return self.progress / self.failures
+
+
+def _failure_rate(records: Sequence[AttemptRecord], window: int) -> FailureRate | None:
+    """None until ``window`` failures happened, or when the steps around them are unknown."""
+    if window < 1:
+        return None
+    crashes = [i for i, r in enumerate(records) if is_crash(r.cls)]
+    if len(crashes) < window:
+        return None
+    first = records[crashes[-window]]
+    start, end = start_step(first), durable_end(records[-1], None)
+    if start is None or end is None:
+        return None
+    return FailureRate(window, end - start, first.attempt, records[-1].attempt, start, end)
+
+
 def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job_id: str | None) -> BudgetVerdict:
     """Is the run still within its budgets? ``records``: the whole ledger, the attempt that just ended
     included. The first exhausted budget is named, the most specific diagnosis first: restarts per
     allocation, total restarts, the same failure at the same step, too little progress between two
-    crashes, total steps lost, steps lost as a fraction of progress (judged only once
-    ``MIN_LOSSES_FOR_FRACTION`` attempts lost steps: one crash before the first checkpoint loses all
-    progress so far, which is the class retry limit's business, not a pattern)."""
+    crashes, a restart from scratch after a save, requeues without progress, the failure rate, total
+    steps lost, steps lost as a fraction of progress (judged only once ``MIN_LOSSES_FOR_FRACTION``
+    crashes lost steps: one crash before the first checkpoint loses all progress so far, which is
+    the class retry limit's business, not a pattern; requeues that lose everything are the requeue
+    budget's)."""
     records = list(records)
     if not records:
         return BudgetVerdict(True, None, "no attempts yet", {"attempts": 0})
+    b = budget
     alloc = _current_allocation(records, allocation_job_id)
     in_alloc = _restarts(alloc, records)
     total = _restarts(records, records)
     lost_values = [r.steps_lost for r in records if r.steps_lost is not None]
     total_lost = sum(lost_values)
-    losses = sum(1 for v in lost_values if v > 0)
+    at_least = any(r.steps_lost_at_least for r in records)
+    # Crashes that lost steps: requeues without progress are their own budget's business.
+    losses = sum(1 for r in records if is_crash(r.cls) and (r.steps_lost or 0) > 0)
     steps_known = any(r.last_step is not None for r in records)
     progress = max((r.last_step for r in records if r.last_step is not None), default=None)
     fraction = round(total_lost / progress, 4) if progress else None
@@ -371,17 +190,26 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
     if is_crash(last.cls) and step_key is not None:
         same = sum(1 for r in records if r.cls == last.cls
                    and (r.failure_step if r.failure_step is not None else r.last_step) == step_key)
+    durable = progress_by_attempt(records)
+    requeues = _requeues_without_progress(records, durable, b.min_durable_progress)
+    rate = _failure_rate(records, b.failure_rate_window)
+    scratch = restarts_from_scratch(records)
     numbers: dict[str, Any] = {
         "attempts": len(records), "allocation": allocation_job_id if allocation_job_id is not None else last.job_id,
         "restarts_in_allocation": in_alloc, "total_restarts": total, "total_steps_lost": total_lost,
-        "progress": progress, "steps_lost_fraction": fraction, "last_attempt_progress": last_progress,
-        "same_failure_count": same, "same_failure_step": step_key if same else None,
+        "steps_lost_at_least": at_least, "progress": progress, "steps_lost_fraction": fraction,
+        "last_attempt_progress": last_progress, "same_failure_count": same,
+        "same_failure_step": step_key if same else None, "durable_step": durable_end(last, None),
+        "requeues_without_progress": requeues, "restarts_from_scratch": len(scratch),
+        "failure_rate": None if rate is None else {
+            "failures": rate.failures, "durable_progress": rate.progress, "from_attempt": rate.first_attempt,
+            "steps_per_failure": round(rate.per_failure, 1)},
     }
+    lost_text = f"{'≥' if at_least else ''}{total_lost}"
 
     def stop(name: str, reason: str) -> BudgetVerdict:
         return BudgetVerdict(False, name, reason, numbers)
 
-    b = budget
     if b.max_restarts_per_allocation is not None and in_alloc > b.max_restarts_per_allocation:
         return stop("max_restarts_per_allocation",
                     f"{in_alloc} crashes in allocation {numbers['allocation']}; at most "
@@ -398,25 +226,120 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
                     f"crash loop: attempt {last.attempt} advanced {last_progress} steps between two crashes "
                     f"({prev.cls.value if prev.cls else '?'} then {last.cls.value if last.cls else '?'}); "
                     f"at least {b.min_progress_between_crashes} required")
+    if b.max_restarts_from_scratch is not None and len(scratch) > b.max_restarts_from_scratch:
+        record, saved, saved_by = scratch[-1]
+        before = next((r for r in reversed(records) if r.attempt < record.attempt), None)
+        lost = (f": {'≥' if before.steps_lost_at_least else ''}{before.steps_lost} steps of attempt "
+                f"{before.attempt} lost" if before is not None and before.steps_lost is not None else "")
+        return stop("max_restarts_from_scratch",
+                    f"attempt {record.attempt} started from step 0 although attempt {saved_by} had saved step "
+                    f"{saved}: its only checkpoint was torn, quarantined or removed{lost}; at most "
+                    f"{b.max_restarts_from_scratch} restart(s) from scratch")
+    if b.max_requeues_without_progress is not None and requeues > b.max_requeues_without_progress:
+        return stop("max_requeues_without_progress",
+                    f"{requeues} preemptions or time limits in a row without durable progress (no checkpoint "
+                    f"past the step each attempt resumed from); at most {b.max_requeues_without_progress}")
+    if b.min_steps_per_failure is not None and rate is not None and \
+            rate.progress < rate.failures * b.min_steps_per_failure:
+        return stop("min_steps_per_failure",
+                    f"failure rate: the last {rate.failures} failures (attempts {rate.first_attempt}-"
+                    f"{rate.last_attempt}) came with {rate.progress} steps of durable progress (step "
+                    f"{rate.from_step} to {rate.to_step}), {rate.per_failure:.0f} per failure; at least "
+                    f"{b.min_steps_per_failure} per failure")
     if b.max_steps_lost is not None and total_lost > b.max_steps_lost:
-        return stop("max_steps_lost", f"{total_lost} steps lost across the run; at most {b.max_steps_lost}")
+        return stop("max_steps_lost", f"{lost_text} steps lost across the run; at most {b.max_steps_lost}")
     if (b.max_steps_lost_fraction is not None and fraction is not None and losses >= MIN_LOSSES_FOR_FRACTION
             and fraction > b.max_steps_lost_fraction):
         return stop("max_steps_lost_fraction",
-                    f"{total_lost} steps lost for {progress} steps of progress ({fraction:.0%}); at most "
+                    f"{lost_text} steps lost for {progress} steps of progress ({fraction:.0%}); at most "
                     f"{b.max_steps_lost_fraction:.0%}")
     parts = [f"{in_alloc} restarts in this allocation" + _of(b.max_restarts_per_allocation),
              f"{total} in total" + _of(b.max_total_restarts),
-             f"{total_lost} steps lost" + _of(b.max_steps_lost)]
+             f"{lost_text} steps lost" + _of(b.max_steps_lost)]
     if fraction is not None:
         parts.append(f"{fraction:.0%} of progress" + _of(b.max_steps_lost_fraction, percent=True))
+    if rate is not None:
+        parts.append(f"{rate.per_failure:.0f} steps of durable progress per failure over the last "
+                     f"{rate.failures}" + (f" (min {b.min_steps_per_failure})" if b.min_steps_per_failure else ""))
+    if requeues:
+        parts.append(f"{requeues} requeue(s) without progress" + _of(b.max_requeues_without_progress))
     return BudgetVerdict(True, None, "within budget: " + ", ".join(parts), numbers)
 
 
-def _of(limit: float | int | None, percent: bool = False) -> str:
+def _of(limit: float | None, percent: bool = False) -> str:
     if limit is None:
         return ""
     return f" (max {limit:.0%})" if percent else f" (max {limit})"
+
+
+# ---------------------------------------------------------------------------------------------
+# The one verdict
+
+
+@dataclass(frozen=True)
+class RunVerdict:
+    """The verdict ``supervise audit`` and ``supervise report`` print and exit by.
+
+    ``budget``: the budget (a ``BudgetConfig`` field) or the policy key (``policy.<class>.retries``)
+    that stopped the run, or would stop it now. ``source``: ``run_end`` when the run stopped and its
+    ``run_end`` says why; ``judge`` when it was judged from the ledger (running, handed back, complete).
+    """
+
+    ok: bool
+    budget: str | None
+    reason: str
+    numbers: dict[str, Any] = field(default_factory=dict)
+    source: str = "judge"
+    outcome: str | None = None  # of the run_end that ended the run; None while it goes on
+
+
+_BUDGET_TEXT = re.compile(r"^budget (?P<name>[A-Za-z_][\w.]*) exhausted: (?P<reason>.*)$", re.DOTALL)
+_RETRIES_TEXT = re.compile(r"^(?P<cls>[a-z_]+) (?:once|\d+ times in a row); policy allows")
+_POLICY_STOP_TEXT = re.compile(r"^(?P<cls>[a-z_]+): policy says stop")
+
+
+def stop_cause(run_end: Mapping[str, Any]) -> tuple[str | None, str]:
+    """(the budget or policy that stopped the run, why) from a ``run_end``'s fields: ``stopped_by``
+    when the loop wrote it, else read from the reason text the loop has always written."""
+    reason = str(run_end.get("reason") or "no reason logged")
+    named = run_end.get("stopped_by")
+    name = str(named) if named else None
+    budget = _BUDGET_TEXT.match(reason)
+    if budget:
+        return name or budget["name"], budget["reason"]
+    if name is None:
+        retries = _RETRIES_TEXT.match(reason)
+        stop = _POLICY_STOP_TEXT.match(reason)
+        if retries:
+            name = f"policy.{retries['cls']}.retries"
+        elif stop:
+            name = f"policy.{stop['cls']}.action"
+    return name, reason
+
+
+def run_verdict(events: Sequence[Event], budget: BudgetConfig, *, records: Sequence[AttemptRecord] | None = None,
+                allocation_job_id: str | None = None) -> RunVerdict:
+    """The run's verdict from its event log. A run whose ``run_end`` says it stopped (or failed) is
+    not ok, whatever the budgets say now, and the verdict names what stopped it; a completed run is
+    ok; a run still going, handed back for a requeue or interrupted by a person is judged by
+    :func:`judge`. ``records``: the ledger when the caller has it already."""
+    events = list(events)
+    ledger = list(records) if records is not None else ledger_from_events(events)
+    allocation = allocation_job_id if allocation_job_id is not None else (ledger[-1].job_id if ledger else None)
+    judged = judge(ledger, budget, allocation)
+    end = final_run_end(events)
+    outcome = str(end.get("outcome")) if end is not None and end.get("outcome") is not None else None
+    if outcome == RunOutcome.COMPLETE.value:
+        now = judged.reason if judged.ok else f"judged now, budget {judged.budget} would be exhausted: {judged.reason}"
+        return RunVerdict(True, None, f"training complete; {now}", judged.numbers, "judge", outcome)
+    if outcome in (RunOutcome.STOPPED.value, RunOutcome.FAILED.value):
+        assert end is not None
+        name, why = stop_cause(end.fields)
+        return RunVerdict(False, name, why, judged.numbers, "run_end", outcome)
+    reason = judged.reason
+    if outcome == RunOutcome.INTERRUPTED.value:
+        reason = f"interrupted by a person; {reason}"
+    return RunVerdict(judged.ok, judged.budget, reason, judged.numbers, "judge", outcome)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,22 +372,6 @@ def audit_resume(expected_step: int | None, reported_first_step: int | None, res
                                   f"would be redone")
     return ResumeAudit(False, f"child started at step {reported_first_step}, past the resume point step "
                               f"{expected_step}{where}: it resumed from something else")
-
-
-def records_to_json(records: Iterable[AttemptRecord]) -> list[dict[str, Any]]:
-    """Plain data for ``--json`` output and reports (``class`` for the class, enums as strings)."""
-    out = []
-    for r in records:
-        out.append({
-            "attempt": r.attempt, "job_id": r.job_id, "restart_count": r.restart_count, "nodes": list(r.nodes),
-            "resume_path": r.resume_path, "resume_step": r.resume_step, "first_step": r.first_step,
-            "last_step": r.last_step, "last_durable_step": r.last_durable_step, "steps_lost": r.steps_lost,
-            "wall_lost": r.wall_lost, "class": r.cls.value if r.cls else None, "status": r.status,
-            "action": r.action.value if r.action else None, "evidence": list(r.evidence),
-            "exit_code": r.exit_code, "signal": r.signal, "start": r.start, "end": r.end,
-            "failure_step": r.failure_step,
-        })
-    return out
 
 
 @dataclass(frozen=True)

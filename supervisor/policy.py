@@ -7,13 +7,20 @@ that applies it. Nothing here reads files, sleeps, or talks to Slurm.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING
 
+from .ledger import (
+    AttemptRecord,
+    durable_end,
+    made_progress,
+    progress_by_attempt,
+    start_step,
+)
 from .states import Action, FailureClass
 
 if TYPE_CHECKING:
-    from .budget import AttemptRecord
     from .failures import Failure
 
 FC = FailureClass
@@ -21,10 +28,11 @@ FC = FailureClass
 
 @dataclass(frozen=True)
 class ClassPolicy:
-    """What to do after one failure class: the action, how often in a row, and the backoff."""
+    """What to do after one failure class: the action, how often in a row without progress, and the
+    backoff. A failure after durable progress starts the count again (docs/policy.md)."""
 
     action: Action = Action.STOP
-    retries: int = 3  # consecutive restarts of this class before the run stops
+    retries: int = 3  # failures of this class in a row *without durable progress* before the run stops
     backoff: float = 2.0  # first delay before a restart, seconds; doubles each time
     backoff_max: float = 60.0
     exclude_node: bool = False  # on requeue, keep away from the node where it happened
@@ -77,7 +85,8 @@ class Decision:
     reason: str
     delay: float = 0.0  # seconds of backoff before a restart
     exclude_nodes: tuple[str, ...] = ()  # for a requeue: nodes to keep away from (policy.exclude_node)
-
+    stopped_by: str | None = None  # a STOP: the policy key behind it (``policy.<class>.retries`` / ``.action``)
+    in_a_row: int = 0  # failures of this class in a row without durable progress, this one included
 
 
 def _backoff(policy: ClassPolicy, consecutive: int) -> float:
@@ -96,52 +105,104 @@ def _ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
+@dataclass(frozen=True)
+class Streak:
+    """How many failures of one class came in a row without durable progress, and from where."""
+
+    count: int
+    resume_steps: tuple[int | None, ...]  # where each attempt that made no progress started, newest first
+    reset_by: AttemptRecord | None = None  # the attempt whose progress started the streak, if any
+
+
+def failures_in_a_row(cls: FailureClass, history: Sequence[AttemptRecord], current: AttemptRecord | None,
+                      min_progress: int = 1) -> Streak:
+    """Failures of ``cls`` in a row without durable progress, the one that just happened included.
+
+    Walking back from the newest attempt: each failure of ``cls`` counts; an attempt that made
+    durable progress (at least ``min_progress`` steps saved past its resume point and resumed from)
+    counts if it is of ``cls`` and ends the walk, since everything before it was followed by
+    progress; another class ends it too (a different problem). Attempts whose end is unknown (a
+    killed supervisor) neither count nor end it unless they made progress. Unknown progress is no
+    progress: without steps the count is the plain "in a row" count.
+    """
+    records = [*history, current] if current is not None else list(history)
+    progress = progress_by_attempt(records)  # the current attempt's: up to its newest good save
+    count = 1
+    if current is not None and made_progress(progress[-1], min_progress):
+        return Streak(1, (), current)
+    starts: list[int | None] = [start_step(current) if current is not None else None]
+    earlier = records[:-1] if current is not None else records
+    for record, made in zip(reversed(earlier), reversed(progress[:len(earlier)])):
+        moved = made_progress(made, min_progress)
+        if record.cls is None:
+            if moved:
+                return Streak(count, tuple(starts), record)
+            continue
+        if record.cls != cls:
+            break
+        count += 1
+        if moved:
+            return Streak(count, tuple(starts), record)
+        starts.append(start_step(record))
+    return Streak(count, tuple(starts))
+
+
 def decide(
     failure: Failure,
     history: Sequence[AttemptRecord],
     policy: Mapping[FailureClass, ClassPolicy] | None,
     now_allocation: str | None,
+    *,
+    current: AttemptRecord | None = None,
+    min_progress: int = 1,
 ) -> Decision:
-    """Restart, requeue or stop after ``failure``, by the class policy and the run's history.
+    """Restart, requeue or stop after ``failure``, by the class policy and the run's progress.
 
-    ``history``: the ledger of the *earlier* attempts, oldest first (``budget.ledger_from_events``
-    without the attempt that produced ``failure``). The same class more than ``retries`` times in a
-    row stops the run; a restart waits ``backoff * 2**(n-1)`` seconds (capped), n = how many times
-    in a row. Attempts whose end is unknown (a killed supervisor) neither count nor break the streak.
-    ``completed`` needs no decision: the run is over (this returns STOP with that reason).
+    ``history``: the ledger of the *earlier* attempts, oldest first; ``current``: the ledger record
+    of the attempt that produced ``failure`` (``ledger_from_events(...)[-1]``), which says whether it
+    made durable progress; ``min_progress``: ``budget.min_durable_progress``. More than ``retries``
+    failures of the class in a row *without durable progress* stop the run (a crash loop); a failure
+    after progress starts the count again, so a crash every few thousand steps is carried to the end
+    and only the budgets (:func:`supervisor.budget.judge`) bound it. A restart waits
+    ``backoff * 2**(n-1)`` seconds (capped), n = the count. ``completed`` needs no decision: the run
+    is over (this returns STOP with that reason).
     """
     cls = failure.cls
     if cls == FC.COMPLETED:
         return Decision(Action.STOP, "completed: training finished, nothing to restart")
     pol = policy_for(cls, policy)
-    consecutive = 1
-    for record in reversed(list(history)):
-        rec_cls = getattr(record, "cls", None)
-        if rec_cls is None:
-            continue
-        if FailureClass(rec_cls) != cls:
-            break
-        consecutive += 1
+    streak = failures_in_a_row(cls, history, current, min_progress)
+    n = streak.count
     in_alloc = ""
     if now_allocation is not None:
-        same = sum(1 for r in history if getattr(r, "job_id", None) == now_allocation)
+        same = sum(1 for r in history if r.job_id == now_allocation)
         in_alloc = f" (attempt {same + 1} of job {now_allocation})"
     evidence = f": {failure.evidence[0]}" if failure.evidence else ""
     if pol.action == Action.STOP:
-        return Decision(Action.STOP, f"{cls.value}: policy says stop, a person must act{evidence}")
-    restarts_allowed = pol.retries
-    if consecutive > restarts_allowed:
-        times = "once" if consecutive == 1 else f"{consecutive} times in a row"
-        return Decision(Action.STOP, f"{cls.value} {times}; policy allows {restarts_allowed} "
-                                     f"{pol.action.value}{'s' if restarts_allowed != 1 else ''}{evidence}")
+        return Decision(Action.STOP, f"{cls.value}: policy says stop, a person must act{evidence}",
+                        stopped_by=f"policy.{cls.value}.action", in_a_row=n)
+    allowed = pol.retries
+    what = f"{pol.action.value}{'s' if allowed != 1 else ''}"
+    if n > allowed:
+        times = "once" if n == 1 else f"{n} times in a row"
+        starts = {s for s in streak.resume_steps if s is not None}
+        where = f", every time from step {starts.pop()}" if len(starts) == 1 and len(streak.resume_steps) > 1 else ""
+        return Decision(Action.STOP, f"{cls.value} {times}; policy allows {allowed} {what} in a row without "
+                                     f"durable progress{where} (policy.{cls.value}.retries){evidence}",
+                        stopped_by=f"policy.{cls.value}.retries", in_a_row=n)
+    count = f"{_ordinal(n)} in a row without durable progress, policy allows {allowed}"
+    if current is not None and streak.reset_by is current:
+        saved = durable_end(current, None)
+        count = (f"after durable progress: attempt {current.attempt} saved up to step {saved} from step "
+                 f"{start_step(current)}, so the count starts again at 1; policy allows {allowed} in a row "
+                 "without progress")
     exclude: tuple[str, ...] = ()
     if pol.action == Action.REQUEUE:
         if pol.exclude_node and failure.node:
             exclude = (failure.node,)
         note = f", excluding {failure.node}" if exclude else ""
-        return Decision(Action.REQUEUE, f"{cls.value} ({_ordinal(consecutive)} in a row, policy allows "
-                                        f"{restarts_allowed}): requeue{note}{in_alloc}", 0.0, exclude)
-    delay = _backoff(pol, consecutive)
-    return Decision(Action.RESTART, f"{cls.value} ({_ordinal(consecutive)} in a row, policy allows "
-                                    f"{restarts_allowed}): restart in place after {delay:g}s{in_alloc}", delay)
-
+        return Decision(Action.REQUEUE, f"{cls.value} ({count}): requeue{note}{in_alloc}", 0.0, exclude,
+                        in_a_row=n)
+    delay = _backoff(pol, n)
+    return Decision(Action.RESTART, f"{cls.value} ({count}): restart in place after {delay:g}s{in_alloc}", delay,
+                    in_a_row=n)

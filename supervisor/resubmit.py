@@ -25,14 +25,16 @@ import re
 import shlex
 import socket
 import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
-from .budget import BudgetVerdict, judge, ledger_from_events
+from .budget import BudgetVerdict, judge
 from .config import BudgetConfig
 from .errors import ExitCode, SlurmError, UsageError
 from .events import Ev, Event, read_events
+from .ledger import ledger_from_events
 from .paths import RunPaths
 from .slurm import JobInfo
 from .states import SubmitAction
@@ -103,7 +105,8 @@ def decide_next(
         return NextStep(SubmitAction.STOP, reason, kind, code)
 
     if outcome == "complete":
-        return NextStep(SubmitAction.DONE, f"{job}: {why if run_end.get('reason') else 'training complete'}",
+        said = run_end is not None and bool(run_end.get("reason"))
+        return NextStep(SubmitAction.DONE, f"{job}: {why if said else 'training complete'}",
                         "complete", ExitCode.OK)
     if outcome == "stopped":
         return stop("stopped", ExitCode.STOPPED, f"{job}: the supervisor stopped the run: {why}; not resubmitting")
@@ -531,7 +534,7 @@ class SubmitLoop:
         failing_since: float | None = None
         while True:
             try:
-                info = self.backend.job_info(job_id)
+                info: JobInfo | None = self.backend.job_info(job_id)
                 failing_since = None
             except SlurmError as err:
                 now = self.clock()
@@ -547,7 +550,7 @@ class SubmitLoop:
             if info.restarts > restarts:
                 log.info("job %s was requeued (restart %d): following it, not resubmitting", job_id, info.restarts)
                 restarts = info.restarts
-            if info.is_pending and re.search(r"hold|held", info.reason or "", re.I) and not warned_hold:
+            if info.is_pending and re.search(r"hold|held", info.reason or "", re.IGNORECASE) and not warned_hold:
                 warned_hold = True
                 log.warning("job %s is held (%s): it will not start until someone releases it "
                             "(scontrol release %s); still following it", job_id, info.reason, job_id)

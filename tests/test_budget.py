@@ -13,7 +13,8 @@ from supervisor.budget import AttemptRecord, audit_resume, judge, ledger_from_ev
 from supervisor.cli import main
 from supervisor.config import BudgetConfig
 from supervisor.events import Ev, Event, EventLog
-from supervisor.states import Action, FailureClass as FC
+from supervisor.states import Action
+from supervisor.states import FailureClass as FC
 
 NO_LIMITS = BudgetConfig(max_restarts_per_allocation=None, max_total_restarts=None, max_steps_lost=None,
                          max_steps_lost_fraction=None, min_progress_between_crashes=None, same_failure_limit=None)

@@ -15,9 +15,15 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import load_config
-from supervisor.events import EventLog, Ev
+from supervisor.events import Ev, EventLog
 from supervisor.manifest import collect_manifest, write_manifest
-from supervisor.report import build_report, check_alive, fold, resolve_run_dir, summarize_status
+from supervisor.report import (
+    build_report,
+    check_alive,
+    fold,
+    resolve_run_dir,
+    summarize_status,
+)
 from supervisor.report.render import render_markdown, render_status, render_text
 from tests.helpers import run_supervise
 
@@ -42,7 +48,7 @@ class Clock:
     def __call__(self) -> float:
         return self.now
 
-    def at(self, offset: float) -> "Clock":
+    def at(self, offset: float) -> Clock:
         self.now = T0 + offset
         return self
 
@@ -91,7 +97,7 @@ def write_scenario(run_dir: Path, manifests: dict[int, dict], *, finished: bool 
 
     clock = Clock()
     log = EventLog(run_dir / "supervisor" / "events.jsonl", clock=clock)
-    sv = dict(run_dir=str(run_dir), checkpoint_dir=str(ckpt), argv=["python", "train.py"], pid=4242)
+    sv = {"run_dir": str(run_dir), "checkpoint_dir": str(ckpt), "argv": ["python", "train.py"], "pid": 4242}
     e = log.emit
     clock.at(0)
     e(Ev.RUN_START, name="exp1", host="n1", job_id="1001", restart_count=0, config_hash="h1", **sv)
@@ -198,7 +204,10 @@ def test_timeline_tells_each_attempt_its_end_first_failure_and_losses(run_dir: P
     assert [a["resume_step"] for a in attempts] == [None, 200, 200]
     assert attempts[1]["resume_path"].endswith("step=200.ckpt")
     assert [(a["first_step"], a["last_step"]) for a in attempts] == [(1, 252), (200, 320), (200, 500)]
-    assert [a["steps_lost"] for a in attempts] == [52, 0, 0]
+    # Attempt 2 saved step 320 at the notice, but that file was torn and the run resumed from 200:
+    # the resume point is the truth, so its 120 steps were lost (the log's attempt_end said 0).
+    assert [a["steps_lost"] for a in attempts] == [52, 120, 0]
+    assert attempts[1]["last_durable_step"] == 320
     assert attempts[0]["evidence"] == SEGV and attempts[0]["evidence_step"] == 250
     assert attempts[0]["start"] == T0 and attempts[0]["end"] == T0 + 252
     assert attempts[0]["wall_lost"] == 47.0
@@ -209,7 +218,7 @@ def test_timeline_tells_each_attempt_its_end_first_failure_and_losses(run_dir: P
     assert run["attempts"] == 3 and run["restarts"] == 1 and run["requeues"] == 1
     assert [j["attempts"] for j in run["jobs"]] == [[1, 2], [3]]
     assert [j["ended_by"] for j in run["jobs"]] == ["requeue", "complete"]
-    assert run["final_step"] == 500 and run["steps_lost"] == 52
+    assert run["final_step"] == 500 and run["steps_lost"] == 52 + 120
     assert run["duration"] == 710.0
 
 
@@ -559,7 +568,7 @@ def test_status_of_a_live_run(tmp_path: Path, base_manifest: dict) -> None:
     assert view.state == "running" and view.attempt == 3 and view.last_step == 500 and view.rate == 2.0
     assert view.progress_age == 60.0
     assert view.last_checkpoint["step"] == 400 and view.checkpoint_age == 110.0
-    assert view.restarts == 1 and view.requeues == 1 and view.steps_lost == 52
+    assert view.restarts == 1 and view.requeues == 1 and view.steps_lost == 52 + 120  # the torn save's 120
     assert view.last_failure["class"] == "native_crash" and view.last_failure["step"] == 250
     text = render_status(view)
     assert "state: running" in text and "step 500, 2 steps/s" in text

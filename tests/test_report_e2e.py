@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from helpers import EXAMPLES, events_named, run_supervise, start_supervise, wait_for
 
 pytest.importorskip("torch")
@@ -109,7 +108,7 @@ def quarantine_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_quarantined_torn_checkpoint_is_listed_and_the_run_resumed_from_the_newest_valid_one(
         quarantine_run: Path) -> None:
-    code, rep = report_json(quarantine_run)
+    _code, rep = report_json(quarantine_run)
     rows = rep["quarantined"]
     assert len(rows) == 1, rows
     row = rows[0]
@@ -132,7 +131,7 @@ def test_quarantined_torn_checkpoint_is_listed_and_the_run_resumed_from_the_newe
 
 
 def latest_step(run_dir: Path, attempt: int) -> int | None:
-    steps = re.findall(r"^step (\d+) loss", log_text(run_dir, attempt), re.M)
+    steps = re.findall(r"^step (\d+) loss", log_text(run_dir, attempt), re.MULTILINE)
     return int(steps[-1]) if steps else None
 
 
@@ -236,7 +235,7 @@ def test_status_of_a_live_run_then_of_the_finished_run(preempt_run: dict[str, An
 
 def test_plot_is_a_png_whose_markers_match_the_scenario(preempt_run: dict[str, Any], tmp_path: Path) -> None:
     png = tmp_path / "timeline.png"
-    code, rep = report_json(preempt_run["run_dir"], "--plot", str(png))
+    _code, rep = report_json(preempt_run["run_dir"], "--plot", str(png))
     assert png.read_bytes()[:8] == PNG_SIGNATURE and png.stat().st_size > 5000
     markers = rep["plot"]["markers"]
     assert rep["plot"]["path"] == str(png)

@@ -13,6 +13,7 @@ Either way only a resubmission brings the run back.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from supervisor import templates
 from supervisor.budget import BudgetVerdict
 from supervisor.config import BudgetConfig
 from supervisor.errors import UsageError
@@ -40,7 +42,6 @@ from supervisor.resubmit import (
 )
 from supervisor.slurm import JobInfo
 from supervisor.states import SubmitAction
-from supervisor import templates
 
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -58,7 +59,7 @@ def job(state: str, preempt_time: float | None = None, exit_code: int | None = 0
 
 OK = BudgetVerdict(True, None, "within budget")
 SPENT = BudgetVerdict(False, "max_total_restarts", "51 crashes across the run; at most 50 restarts")
-END = lambda outcome, reason="r": {"outcome": outcome, "exit_code": 0, "reason": reason}  # noqa: E731
+END = lambda outcome, reason="r": {"outcome": outcome, "exit_code": 0, "reason": reason}
 
 TABLE = [
     # (job final state, run_end, submissions, max, verdict) -> (action, outcome, exit code, words in reason)
@@ -97,8 +98,8 @@ def test_decide_next_table(final, run_end, n, limit, verdict, action, outcome, c
     step = decide_next(final, run_end, n, limit, verdict)
     assert (step.action, step.outcome, step.exit_code) == (SubmitAction(action), outcome, code), step.reason
     assert words in step.reason
-    with pytest.raises(Exception):
-        step.action = SubmitAction.DONE  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        step.action = SubmitAction.DONE  # type: ignore[misc]  # frozen
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,14 +126,16 @@ def test_job_scope_takes_the_events_of_this_job_and_restart_only():
 
 
 def test_resubmission_budget_shares_the_ledger_but_not_the_allocation_limit():
-    # Two allocations of one job, each with one native crash then a preemption.
+    # Two allocations of one job, each with one native crash then a preemption; each attempt resumes
+    # from the step the one before it saved, as the run loop logs it.
     events = []
     t = 0.0
     for restart, attempts in ((0, (1, 2)), (1, (3, 4))):
         for a in attempts:
             t += 1
             crash = a % 2 == 1
-            events += [ev("attempt_start", t, attempt=a, job_id="5", restart_count=restart),
+            resume = {"resume_path": f"ckpt/step={(a - 1) * 10}.pt", "resume_step": (a - 1) * 10} if a > 1 else {}
+            events += [ev("attempt_start", t, attempt=a, job_id="5", restart_count=restart, **resume),
                        ev("progress", t + 0.1, attempt=a, step=a * 10),
                        ev("attempt_end", t + 0.5, attempt=a, last_step=a * 10, last_durable_step=a * 10,
                           steps_lost=0, **{"class": "native_crash" if crash else "preempted"})]
@@ -186,7 +189,7 @@ def test_submit_usage_errors_exit_2(tmp_path):
     for args, words in (([str(tmp_path / "missing.sbatch")], "cannot read"),
                         ([str(script)], "no --run-dir"),
                         ([str(script), "--run-dir", str(tmp_path), "--max-submissions", "0"], "max-submissions")):
-        proc = subprocess.run([PY, "-m", "supervisor", "submit", *args], capture_output=True, text=True,
+        proc = subprocess.run([PY, "-m", "supervisor", "submit", *args], check=False, capture_output=True, text=True,
                               cwd=tmp_path, timeout=60)
         assert proc.returncode == 2 and words in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr

@@ -140,23 +140,44 @@ def _table(rows: list[list[str]], headers: list[str]) -> str:
     return "\n".join(out)
 
 
+def _results_check_json(check: Any) -> dict[str, Any] | None:
+    if check is None:
+        return None
+    return {"events": [{"attempt": e.attempt, "what": e.what, "step": e.step, "evidence": e.evidence}
+                       for e in check.events],
+            "crash_free_steps": check.crash_free_steps, "crash_free_needed": check.crash_free_needed,
+            "settled": check.settled, "reason": check.reason}
+
+
 @click.command("audit")
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--config", "config_file", type=click.Path(path_type=Path), default=None,
-              help="YAML config whose budget to judge by (default: built-in defaults and SUPERVISE_* env).")
+              help="YAML config whose budget to judge by (default: the budget recorded in the run's newest "
+                   "manifest, else built-in defaults and SUPERVISE_* env).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @handle_errors
 def audit_cmd(run_dir: Path, config_file: Path | None, as_json: bool) -> None:
-    """The step-budget audit of a run: per-attempt ledger, resume checks and the budget verdict.
+    """The step-budget audit of a run: per-attempt ledger, resume checks and the run's verdict (the
+    same verdict `supervise report` gives). A run that stopped shows what stopped it; a run still
+    going is judged by the budgets now. Losses marked ≥ are lower bounds (steps read from the output).
 
     \b
-    Exit codes: 0 within budget and every resume matched its checkpoint; 1 a budget is exhausted
-    or a resume audit failed; 2 RUN_DIR is not a run directory, or a bad --config.
+    Exit codes: 0 within budget (or complete) and every resume matched its checkpoint; 1 the run
+    stopped, a budget is exhausted or a resume audit failed; 2 RUN_DIR is not a run directory, or a
+    bad --config.
     """
-    from ..budget import audit_resume, judge, ledger_from_events, records_to_json
+    from ..budget import audit_resume, run_verdict
     from ..config import load_config
     from ..events import read_events
+    from ..ledger import (
+        ledger_from_events,
+        loss_anomalies,
+        records_to_json,
+        results_check,
+    )
     from ..paths import RunPaths
+    from ..report.load import budget_config_from, read_manifests
+    from ..report.render import fmt_lost, verdict_line
 
     paths = RunPaths(run_dir)
     if not run_dir.is_dir():
@@ -165,7 +186,8 @@ def audit_cmd(run_dir: Path, config_file: Path | None, as_json: bool) -> None:
         raise UsageError(f"{run_dir} is not a run directory: no {paths.events.relative_to(run_dir)}")
     if not os.access(paths.events, os.R_OK):
         raise UsageError(f"cannot read {paths.events}: permission denied")
-    cfg = load_config(config_file)
+    recorded = budget_config_from(read_manifests(paths)) if config_file is None else None
+    budget = recorded or load_config(config_file).budget
     try:
         read = read_events(paths.events)
     except OSError as exc:
@@ -174,8 +196,8 @@ def audit_cmd(run_dir: Path, config_file: Path | None, as_json: bool) -> None:
         log.warning("%d line(s) of %s are not valid events (a torn last line after a kill is normal)",
                     read.bad_lines, paths.events)
     records = ledger_from_events(read.events)
-    allocation = records[-1].job_id if records else None
-    verdict = judge(records, cfg.budget, allocation)
+    verdict = run_verdict(read.events, budget, records=records)
+    check = results_check(records, loss_anomalies(read.events), budget.results_check_crash_free_steps)
     audits = [audit_resume(r.resume_step, r.first_step, r.resume_path) for r in records]
     resume_ok = all(a.ok for a in audits)
 
@@ -185,8 +207,9 @@ def audit_cmd(run_dir: Path, config_file: Path | None, as_json: bool) -> None:
             item["resume_audit"] = {"ok": a.ok, "reason": a.reason}
         echo_json({"run_dir": str(run_dir), "attempts": attempts,
                    "verdict": {"ok": verdict.ok, "budget": verdict.budget, "reason": verdict.reason,
-                               "numbers": verdict.numbers},
-                   "resume_ok": resume_ok, "bad_lines": read.bad_lines})
+                               "numbers": verdict.numbers, "source": verdict.source, "outcome": verdict.outcome},
+                   "results_check": _results_check_json(check), "resume_ok": resume_ok,
+                   "bad_lines": read.bad_lines})
     else:
         if not records:
             click.echo(f"{run_dir}: no attempts recorded yet")
@@ -195,16 +218,18 @@ def audit_cmd(run_dir: Path, config_file: Path | None, as_json: bool) -> None:
             for r, a in zip(records, audits):
                 rows.append([str(r.attempt), _fmt(r.job_id) + (f"/{r.restart_count}" if r.restart_count else ""),
                              ",".join(r.nodes) or "-", _fmt(r.resume_step), _fmt(r.first_step) + ("" if a.ok else "!"),
-                             _fmt(r.last_step), _fmt(r.last_durable_step), _fmt(r.steps_lost), _fmt(r.wall_lost),
-                             r.status, _fmt(r.action.value if r.action else None),
+                             _fmt(r.last_step), _fmt(r.last_durable_step), fmt_lost(r.steps_lost, r.steps_lost_at_least),
+                             _fmt(r.wall_lost), r.status, _fmt(r.action.value if r.action else None),
                              (r.evidence[0][:60] if r.evidence else "")])
             click.echo(_table(rows, ["attempt", "job", "nodes", "resume", "first", "last", "durable", "lost",
                                      "wall lost", "class", "action", "evidence"]))
             for r, a in zip(records, audits):
                 if not a.ok:
                     click.echo(f"resume audit FAILED for attempt {r.attempt}: {a.reason}")
-        state = "ok" if verdict.ok else f"EXHAUSTED ({verdict.budget})"
-        click.echo(f"budget: {state}: {verdict.reason}")
+        if check is not None:
+            click.echo(check.reason)
+        click.echo(("verdict: " if verdict.source == "run_end" else "budget: ")
+                   + verdict_line(verdict.ok, verdict.budget, verdict.reason, verdict.source))
     if not verdict.ok or not resume_ok:
         raise SystemExit(ExitCode.FAILED)
 

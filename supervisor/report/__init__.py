@@ -1,15 +1,15 @@
-"""Post-mortem views folded from the event log (DESIGN.md §9).
+"""Post-mortem views folded from the event log.
 
 ``build_report(run_dir)`` reads a run directory and returns a frozen :class:`Report`;
 ``fold(events, manifests)`` is the pure part. Renderers (text, Markdown) and the optional plot live in
 their own modules so that the CLI imports only what it draws.
 """
 
+from .drift import DriftItem, find_drift
 from .load import Liveness, build_report, check_alive, resolve_run_dir
 from .model import (
     AttemptRow,
     CheckpointRow,
-    DriftItem,
     EventsSummary,
     JobRow,
     QuarantineFile,
@@ -18,7 +18,6 @@ from .model import (
     RunInfo,
     StepPoint,
     VerdictView,
-    find_drift,
     fold,
 )
 from .status import StatusView, summarize_status

@@ -8,8 +8,9 @@ comparison is with the newest earlier attempt that knew the same fact.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)

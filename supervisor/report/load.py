@@ -12,9 +12,10 @@ import os
 import re
 import socket
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ..config import BudgetConfig, SupervisorConfig
 from ..errors import UsageError
@@ -166,22 +167,14 @@ def scan_checkpoints(ckpt_dir: Path, warnings: list[str]) -> list[CheckpointRow]
                     step=getattr(r, "step", None), format=_value(getattr(r, "format", None)),
                     level=_value(getattr(r, "level", None)), reason=getattr(r, "reason", None)))
             return sorted(rows, key=lambda c: (c.step is None, c.step or 0, c.file))
-        except Exception as exc:  # the report must come out even when validation trips on a file
+        except Exception as exc:  # noqa: BLE001 - the report must come out even when validation trips on a file
             warnings.append(f"checkpoint validation failed ({type(exc).__name__}: {exc}); "
                             "files listed unchecked")
             rows = []
     else:
         warnings.append("checkpoint validator unavailable (supervisor.checkpoints.scan): "
                         "files listed unchecked")
-    try:
-        from ..checkpoints.naming import is_ignored_name, step_from_name
-    except ImportError:  # pragma: no cover - naming ships with the package
-        def is_ignored_name(name: str) -> bool:
-            return name.startswith((".", QUARANTINE_PREFIX))
-
-        def step_from_name(name: str) -> int | None:
-            match = re.search(r"(\d+)(?!.*\d)", name)
-            return int(match.group(1)) if match else None
+    from ..checkpoints.naming import is_ignored_name, step_from_name
     try:
         names = sorted(os.listdir(ckpt_dir))
     except OSError:

@@ -1,4 +1,4 @@
-"""The post-mortem as data: a pure fold of the event log and the attempt manifests (DESIGN.md §9).
+"""The post-mortem as data: a pure fold of the event log and the attempt manifests.
 
 ``fold`` takes what was read from the run directory (events in file order, manifests, the checkpoint
 scan, the quarantined files) and returns a frozen :class:`Report`. No I/O and no clock here, so the
@@ -11,20 +11,32 @@ nodes that successive requeues land on may disagree.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from enum import Enum
+from typing import Any
 
+from ..budget import run_verdict
 from ..config import BudgetConfig
 from ..events import FORMAT_VERSION, Event
-from ..states import FailureClass, RunOutcome, Verdict
+from ..ledger import (
+    NOT_FAILURES,
+    SCHEDULER_ENDS,
+    AttemptRecord,
+    ResultsCheck,
+    final_run_end,
+    ledger_from_events,
+    loss_anomalies,
+    results_check,
+)
+from ..signals import signal_name
+from ..states import RunOutcome, Verdict
 from .drift import DriftItem, find_drift
 
-# End classes that are not a fault of the training: the scheduler or a person ended the attempt.
-NOT_A_FAILURE = frozenset({
-    FailureClass.COMPLETED.value, FailureClass.PREEMPTED.value, FailureClass.TIME_LIMIT.value,
-    FailureClass.CANCELLED.value,
-})
-STOPPED_BY_SCHEDULER = frozenset({FailureClass.PREEMPTED.value, FailureClass.TIME_LIMIT.value})
+# The ledger's definitions, as the strings the report shows: one definition of "not a failure".
+NOT_A_FAILURE = frozenset(c.value for c in NOT_FAILURES)
+STOPPED_BY_SCHEDULER = frozenset(c.value for c in SCHEDULER_ENDS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,6 +75,7 @@ class AttemptRow:
     failure_reason: str | None = None
     decision: str | None = None  # the reason given for restart / requeue / stop
     steps_lost: int | None = None
+    steps_lost_at_least: bool = False  # the last step is the last one printed: at least this many were lost
     wall_lost: float | None = None
     ended: bool = False  # an attempt_end was logged
     notice: bool = False  # a stop notice arrived during the attempt
@@ -106,24 +119,26 @@ class RunInfo:
     requeues: int = 0  # sessions after the first
     final_step: int | None = None
     steps_lost: int = 0
+    steps_lost_at_least: bool = False  # some losses are lower bounds (zero-code: steps from the output)
     wall_lost: float = 0.0
     jobs: tuple[JobRow, ...] = ()
     config_hashes: tuple[str, ...] = ()
     manifests: tuple[int, ...] = ()  # attempts with a provenance manifest (drift is checked among them)
     format_versions: tuple[int, ...] = ()
     problems: tuple[str, ...] = ()  # what a human should look at; non-empty = exit 1
+    results_check: ResultsCheck | None = None  # failures that can corrupt results silently, if any
 
 
 @dataclass(frozen=True)
 class VerdictView:
-    """The step-budget verdict: recomputed by ``budget.judge`` when it is available, else the last
-    ``budget`` event of the log."""
+    """The run's verdict, the one ``supervise audit`` prints too (``budget.run_verdict``): what the
+    ``run_end`` says when the run stopped, else the budgets judged over the ledger."""
 
     ok: bool | None
-    budget: str | None
+    budget: str | None  # the budget or policy key that stopped (or would stop) the run
     reason: str
     numbers: Mapping[str, Any]
-    source: str  # "judge" | "log"
+    source: str  # "judge" | "run_end" | "log" (the last budget event, when no attempt is known)
 
 
 @dataclass(frozen=True)
@@ -222,13 +237,13 @@ def _plain(value: Any) -> Any:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if hasattr(value, "value") and isinstance(getattr(value, "value"), (str, int)):
+    if isinstance(value, Enum) and isinstance(value.value, (str, int)):
         return value.value
     return value
 
 
 def _attempt_json(row: AttemptRow) -> dict[str, Any]:
-    out = _plain(row)
+    out: dict[str, Any] = _plain(row)
     out["class"] = out.pop("end_class")
     return out
 
@@ -242,7 +257,7 @@ def _int(v: Any) -> int | None:
         return None
     if isinstance(v, int):
         return v
-    if isinstance(v, float) and v == v and abs(v) < 1e18:
+    if isinstance(v, float) and math.isfinite(v) and abs(v) < 1e18:
         return int(v)
     if isinstance(v, str) and v.strip().lstrip("-").isdigit():
         return int(v)
@@ -252,7 +267,7 @@ def _int(v: Any) -> int | None:
 def _float(v: Any) -> float | None:
     if isinstance(v, bool):
         return None
-    if isinstance(v, (int, float)) and v == v:
+    if isinstance(v, (int, float)) and not math.isnan(v):
         return float(v)
     return None
 
@@ -497,15 +512,16 @@ def fold(
     walk = _Walk()
     for ev in events:
         walk.feed(ev)
+    records = ledger_from_events(events)  # the one fold of the log into attempts
+    budget = budget_config or BudgetConfig()
 
-    order = sorted(walk.accs)
-    running = walk.run_end is None or (bool(walk.sessions) and walk.sessions[-1].ended_by is None)
+    running = final_run_end(events) is None
     rows = []
-    for n in order:
-        live = running and n == order[-1]
-        row = _attempt_row(walk.accs[n], walk.sessions, live)
+    for i, record in enumerate(records):
+        live = running and i == len(records) - 1
+        row = _attempt_row(record, walk.accs.get(record.attempt), walk.sessions)
         if not row.ended and not live:
-            warn.append(f"attempt {n} has no attempt_end (the supervisor was killed?): its end, "
+            warn.append(f"attempt {record.attempt} has no attempt_end (the supervisor was killed?): its end, "
                         "class and losses are unknown or derived from the last events seen")
         rows.append(row)
     attempts = tuple(rows)
@@ -514,6 +530,7 @@ def fold(
     if missing:
         warn.append(f"no manifest for attempt(s) {', '.join(map(str, missing))}: provenance and "
                     "drift are not checked for them")
+    order = sorted(walk.accs)
     client_det = {n: walk.accs[n].determinism for n in order if walk.accs[n].determinism}
     late = sorted(n for n, det in client_det.items() if det.get("applied_after_cuda_init") is True)
     if late:
@@ -521,7 +538,8 @@ def fold(
                     "was initialised; CUBLAS_WORKSPACE_CONFIG may not have taken effect")
 
     drift = find_drift(manifests, client_det)
-    verdict = _verdict(events, walk.listed["budget"], budget_config, attempts, warn)
+    verdict = _verdict(events, records, walk.listed["budget"], budget)
+    check = results_check(records, loss_anomalies(events), budget.results_check_crash_free_steps)
     quarantined = _quarantine_rows(walk.listed["quarantine"], quarantine_files)
     # An earlier session's run_end (a requeue) is not the outcome of a run that went on since.
     run = _run_info(walk.run_start, None if running else walk.run_end, walk.sessions, attempts, versions,
@@ -530,8 +548,8 @@ def fold(
     summary = EventsSummary(counts=dict(sorted(walk.counts.items())), control_dropped=walk.dropped,
                             control_dropped_by_reason=walk.dropped_by, last_checkpoint=walk.last_save,
                             **listed)
-    problems = _problems(run, attempts, verdict, checkpoints, drift, summary)
-    run = dataclasses.replace(run, problems=tuple(problems))
+    problems = _problems(run, attempts, verdict, checkpoints, drift, summary, check)
+    run = dataclasses.replace(run, problems=tuple(problems), results_check=check)
     series = tuple(StepPoint(n, ts, step, kind) for n in order for ts, step, kind in walk.accs[n].steps)
     return Report(run=run, attempts=attempts, verdict=verdict,
                   checkpoints=None if checkpoints is None else tuple(checkpoints),
@@ -539,76 +557,39 @@ def fold(
                   warnings=tuple(warn), series=series)
 
 
-def _attempt_row(acc: _Acc, sessions: list[_Session], live: bool) -> AttemptRow:
-    """``live``: the newest attempt of a run still going; its losses are not final, so not derived."""
+def _attempt_row(record: AttemptRecord, acc: _Acc | None, sessions: list[_Session]) -> AttemptRow:
+    """The ledger's record of one attempt (steps, losses, class: the numbers audit and the budgets
+    use too) with what only the report shows (host, pid, rate, saves, notices)."""
+    acc = acc if acc is not None else _Acc(record.attempt, max(len(sessions) - 1, 0))
     f = acc.fields
     sess = sessions[acc.session].fields if acc.session < len(sessions) else {}
     fail = acc.failure or {}
-    steps = [s for _, s, _ in acc.steps]
-    start = _float(f.get("start"))
-    end = _float(f.get("end"))
-    ended = bool(f.get("ended"))
-    # Without an attempt_end (a killed supervisor) the last event seen bounds the attempt.
-    last_seen = max((ts for ts, _, _ in acc.steps), default=start)
-    derive = ended or not live
     duration = _float(f.get("end_duration"))
-    if duration is None and start is not None and end is not None:
-        duration = max(end - start, 0.0)
-
-    resume_step = _int(f.get("resume_step"))
-    if resume_step is None:
-        resume_step = _int(f.get("end_resume_step"))
-    first = _int(f.get("end_first_step"))
-    if first is None:
-        first = acc.first_reported
-    if first is None:
-        progress = [s for _, s, k in acc.steps if k in ("progress", "save", "end")]
-        first = progress[0] if progress else None
-    last = _int(f.get("end_last_step"))
-    if last is None:
-        last = max(steps) if steps else None
-    durable = _int(f.get("end_last_durable_step"))
-    if durable is None:
-        durable = acc.durable if acc.durable is not None else resume_step
-    end_class = _str(f.get("end_class")) or _str(fail.get("class"))
-
-    steps_lost = _int(f.get("end_steps_lost"))
-    if steps_lost is None and "end_steps_lost" not in f and last is not None and derive:
-        steps_lost = 0 if end_class == FailureClass.COMPLETED.value else max(last - (durable or 0), 0)
-    wall_lost = _float(f.get("end_wall_lost"))
-    stop = end if end is not None else last_seen
-    if wall_lost is None and "end_wall_lost" not in f and stop is not None and derive:
-        since = acc.durable_ts if acc.durable_ts is not None else start
-        if end_class == FailureClass.COMPLETED.value:
-            wall_lost = 0.0
-        elif since is not None:
-            wall_lost = max(stop - since, 0.0)
-
+    if duration is None and record.start is not None and record.end is not None:
+        duration = max(record.end - record.start, 0.0)
     return AttemptRow(
-        attempt=acc.attempt,
-        job_id=_str(f.get("job_id")) or _str(sess.get("job_id")),
-        restart_count=_int(f.get("restart_count")) if f.get("restart_count") is not None
-        else _int(sess.get("restart_count")),
+        attempt=record.attempt,
+        job_id=record.job_id or _str(sess.get("job_id")),
+        restart_count=record.restart_count if record.restart_count is not None else _int(sess.get("restart_count")),
         host=_str(f.get("host")) or _str(sess.get("host")),
-        nodes=_nodes(f.get("nodes")),
+        nodes=record.nodes,
         pid=_int(f.get("pid")),
-        start=start, end=end, duration=duration,
-        resume_path=_str(f.get("resume_path")) or _str(f.get("end_resume_path")),
-        resume_step=resume_step,
-        first_step=first, last_step=last, last_durable_step=durable,
+        start=record.start, end=record.end, duration=duration,
+        resume_path=record.resume_path, resume_step=record.resume_step,
+        first_step=record.first_step, last_step=record.last_step, last_durable_step=record.last_durable_step,
         last_rate=acc.last_rate, last_progress_ts=acc.last_progress_ts,
         saves_ok=acc.saves_ok, saves_failed=acc.saves_failed,
-        exit_code=_int(f.get("end_exit_code")) if "end_exit_code" in f else _int(fail.get("exit_code")),
-        signal=_str(f.get("end_signal")) or _str(fail.get("signal")),
-        end_class=end_class,
-        action=_str(f.get("end_action")) or _str(fail.get("action")),
-        evidence=_evidence_line(fail.get("evidence")),
-        evidence_step=_int(fail.get("step")),
-        failure_node=_str(fail.get("node")),
-        failure_reason=_str(fail.get("reason")),
+        exit_code=record.exit_code,
+        signal=signal_name(record.signal) if record.signal is not None else None,
+        end_class=record.cls.value if record.cls else _str(f.get("end_class")) or _str(fail.get("class")),
+        action=record.action.value if record.action else _str(f.get("end_action")) or _str(fail.get("action")),
+        evidence=_evidence_line(record.evidence),
+        evidence_step=record.failure_step,
+        failure_node=record.failure_node,
+        failure_reason=record.failure_reason,
         decision=acc.decision,
-        steps_lost=steps_lost, wall_lost=wall_lost,
-        ended=ended, notice=acc.notice, resume_mismatch=acc.mismatch,
+        steps_lost=record.steps_lost, steps_lost_at_least=record.steps_lost_at_least, wall_lost=record.wall_lost,
+        ended=record.end is not None, notice=acc.notice, resume_mismatch=acc.mismatch,
     )
 
 
@@ -645,32 +626,20 @@ def _run_info(run_start: Mapping[str, Any], run_end: Mapping[str, Any] | None,
         attempts=len(attempts), restarts=restarts, requeues=max(len(jobs) - 1, 0),
         final_step=max(steps) if steps else None,
         steps_lost=sum(a.steps_lost or 0 for a in attempts),
+        steps_lost_at_least=any(a.steps_lost_at_least for a in attempts),
         wall_lost=round(sum(a.wall_lost or 0.0 for a in attempts), 3),
         jobs=jobs, config_hashes=tuple(hashes), manifests=tuple(sorted(manifests)),
         format_versions=tuple(sorted(set(versions))),
     )
 
 
-def _verdict(events: Sequence[Event], logged: list[dict[str, Any]], budget_config: BudgetConfig | None,
-             attempts: tuple[AttemptRow, ...], warn: list[str]) -> VerdictView | None:
-    """Recompute with ``budget.judge`` (the same rule the run loop applies); fall back to the log."""
-    try:
-        from ..budget import judge, ledger_from_events
-    except ImportError:
-        judge = None  # type: ignore[assignment]
-    if judge is not None and attempts:
-        try:
-            records = ledger_from_events(list(events))
-            allocation = attempts[-1].job_id
-            v = judge(records, budget_config or BudgetConfig(), allocation)
-            return VerdictView(ok=bool(v.ok), budget=_str(getattr(v, "budget", None)),
-                               reason=str(v.reason), numbers=dict(getattr(v, "numbers", {}) or {}),
-                               source="judge")
-        except Exception as exc:  # a report must come out even when the judge chokes on an odd log
-            warn.append(f"budget verdict could not be recomputed ({type(exc).__name__}: {exc}); "
-                        "showing the last verdict the supervisor logged")
-    elif judge is None:
-        warn.append("budget module unavailable: showing the last verdict the supervisor logged")
+def _verdict(events: Sequence[Event], records: Sequence[AttemptRecord], logged: list[dict[str, Any]],
+             budget: BudgetConfig) -> VerdictView | None:
+    """``budget.run_verdict``, the verdict ``supervise audit`` gives too; without any attempt, the
+    last ``budget`` event the supervisor logged (if any)."""
+    if records:
+        v = run_verdict(events, budget, records=records)
+        return VerdictView(ok=v.ok, budget=v.budget, reason=v.reason, numbers=dict(v.numbers), source=v.source)
     if logged:
         last = logged[-1]
         ok = last.get("ok")
@@ -727,13 +696,15 @@ def _quarantine_rows(logged: list[dict[str, Any]], files: Sequence[QuarantineFil
 
 def _problems(run: RunInfo, attempts: tuple[AttemptRow, ...], verdict: VerdictView | None,
               checkpoints: Sequence[CheckpointRow] | None, drift: tuple[DriftItem, ...],
-              summary: EventsSummary) -> list[str]:
+              summary: EventsSummary, check: ResultsCheck | None) -> list[str]:
     """What a human should look at. Preemptions and requeues are normal and not listed."""
     out: list[str] = []
     if run.outcome in (RunOutcome.STOPPED.value, RunOutcome.FAILED.value):
         out.append(f"run {run.outcome}: {run.reason or 'no reason logged'}")
-    if verdict is not None and verdict.ok is False:
+    if verdict is not None and verdict.ok is False and verdict.source != "run_end":  # else listed just above
         out.append(f"step budget exceeded ({verdict.budget}): {verdict.reason}")
+    if check is not None and not check.settled:
+        out.append(check.reason)
     for a in attempts:
         if a.resume_mismatch:
             out.append(f"attempt {a.attempt} did not resume where it should: {a.resume_mismatch}")

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from ..errors import UsageError
 from .model import Report
@@ -23,7 +24,7 @@ class PlotUnavailable(UsageError):
     """matplotlib is not installed: the plot is an optional extra."""
 
 
-def _matplotlib():
+def _matplotlib() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -95,7 +96,8 @@ def plot_report(report: Report, path: Path) -> dict[str, int]:
             if a.preempted:
                 counts["preemptions"] += 1
                 notice = next((n for n in report.events_summary.notices if n.get("attempt") == a.attempt), None)
-                at = notice.get("ts") if notice and isinstance(notice.get("ts"), (int, float)) else end_ts
+                noticed = notice.get("ts") if notice else None
+                at = float(noticed) if isinstance(noticed, (int, float)) else end_ts
                 ax.plot([hours(at)], [end_step], "v", color="tab:orange", markersize=10,
                         label=label("preemption / time limit"))
             if a.failed:

@@ -7,8 +7,9 @@ person reads in the terminal and the Markdown pasted into an issue say the same 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from .model import AttemptRow, Report
 from .status import StatusView
@@ -59,7 +60,7 @@ def fmt_ts_short(ts: float | None) -> str:
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
-    s = int(round(seconds))
+    s = round(seconds)
     if s < 60:
         return f"{max(seconds, 0):.0f}s" if seconds >= 1 or seconds == 0 else f"{seconds:.1f}s"
     if s < 3600:
@@ -103,6 +104,11 @@ def _steps(a: AttemptRow) -> str:
     return f"{_cell(a.first_step)}→{_cell(a.last_step)}"
 
 
+def fmt_lost(steps: int | None, at_least: bool) -> str:
+    """``≥5`` when the loss is a lower bound (the last step seen is the last one printed)."""
+    return "-" if steps is None else f"{'≥' if at_least else ''}{steps}"
+
+
 def _resume(a: AttemptRow) -> str:
     if a.resume_path is None and a.resume_step is None:
         return "fresh"
@@ -143,7 +149,7 @@ def report_blocks(report: Report) -> list[Block]:
     facts.append(f"from {fmt_ts(r.start)} to {fmt_ts(r.end)} ({fmt_duration(r.duration)})")
     facts.append(f"{r.attempts} attempt(s) in {len(r.jobs)} job session(s): "
                  f"{r.restarts} restart(s) in place, {r.requeues} requeue(s)")
-    facts.append(f"final step {_cell(r.final_step)}; steps lost {r.steps_lost}; "
+    facts.append(f"final step {_cell(r.final_step)}; steps lost {fmt_lost(r.steps_lost, r.steps_lost_at_least)}; "
                  f"wall time lost {fmt_duration(r.wall_lost)}")
     blocks.append(_list(facts))
     if r.problems:
@@ -157,7 +163,8 @@ def report_blocks(report: Report) -> list[Block]:
              "lost", "wall lost"),
             [(a.attempt, a.job_id, a.restart_count, _node(a), fmt_ts_short(a.start),
               fmt_duration(a.duration), _resume(a), _steps(a), a.end_class or ("running" if not a.ended else "?"),
-              a.action, a.steps_lost, fmt_duration(a.wall_lost)) for a in report.attempts]))
+              a.action, fmt_lost(a.steps_lost, a.steps_lost_at_least), fmt_duration(a.wall_lost))
+             for a in report.attempts]))
         firsts = [f"attempt {a.attempt} ({a.end_class}) at step {_cell(a.evidence_step)}"
                   f"{' on ' + a.failure_node if a.failure_node else ''}: {_short(a.evidence)}"
                   for a in report.attempts if a.failed]
@@ -169,15 +176,21 @@ def report_blocks(report: Report) -> list[Block]:
             blocks.append(_p("Resume audit failed:"))
             blocks.append(_list(mism))
 
-    blocks.append(_h("Step budget"))
+    blocks.append(_h("Verdict"))
     v = report.verdict
     if v is None:
         blocks.append(_p("no verdict (no attempt judged yet)"))
     else:
-        state = "ok" if v.ok else ("EXCEEDED" if v.ok is False else "unknown")
-        # The reason carries the numbers that matter; all of them are in --json.
-        blocks.append(_p(f"{state}{' (' + v.budget + ')' if v.budget else ''}: {v.reason}"
-                         f"{' [last verdict logged by the supervisor]' if v.source == 'log' else ''}"))
+        blocks.append(_p(verdict_line(v.ok, v.budget, v.reason, v.source)))
+    check = report.run.results_check
+    if check is not None:
+        blocks.append(_h("Results need a check" if not check.settled else "Results check"))
+        free = "unknown" if check.crash_free_steps is None else str(check.crash_free_steps)
+        blocks.append(_p(f"{free} crash-free steps since the last of these (a fix is believed after "
+                         f"{check.crash_free_needed}); a memory or device error can corrupt weights or "
+                         "gradients silently before it crashes: compare against a known-good run"))
+        blocks.append(_table(("attempt", "what", "step", "evidence"),
+                             [(e.attempt, e.what, e.step, _short(e.evidence, 100)) for e in check.events]))
 
     blocks.append(_h("Checkpoints"))
     if report.checkpoints is None:
@@ -218,6 +231,19 @@ def report_blocks(report: Report) -> list[Block]:
         blocks.append(_h("Warnings"))
         blocks.append(_list(report.warnings))
     return blocks
+
+
+def verdict_line(ok: bool | None, budget: str | None, reason: str, source: str) -> str:
+    """``STOPPED (policy.x.retries): ...`` / ``EXCEEDED (budget): ...`` / ``ok: ...``: one wording for
+    the report and ``supervise audit``. The reason carries the numbers that matter; --json has all."""
+    if ok:
+        state = "ok"
+    elif ok is None:
+        state = "unknown"
+    else:
+        state = "STOPPED" if source == "run_end" else "EXCEEDED"
+    note = " [last verdict logged by the supervisor]" if source == "log" else ""
+    return f"{state}{' (' + budget + ')' if budget else ''}: {reason}{note}"
 
 
 def _event_lines(report: Report) -> list[str]:

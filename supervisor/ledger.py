@@ -1,0 +1,582 @@
+"""The ledger: the event log folded into one record per attempt. It is the only fold of the log
+into attempts: ``supervise audit``, the budgets, the restart policy, the resubmission loop and the
+report all read these records, so they cannot disagree about a step. Pure: events in, frozen
+records out. Unknown numbers stay ``None``; no step is ever guessed.
+
+Definitions (``docs/policy.md`` has them in one table):
+
+* **start step** of an attempt: the step of its resume point; 0 when it started with nothing to
+  resume from; unknown when the resume point's step is unknown.
+* **durable step at the end** of an attempt: the step the *next* attempt really resumed from (the
+  resume point is the truth: a save the directory watch saw late still counts, a save torn and
+  quarantined does not); for the newest attempt, its newest good save (``last_durable_step``).
+* **durable progress** = durable step at the end − start step. An attempt *made progress* when this
+  is at least ``budget.min_durable_progress`` steps (default 1: any new checkpoint it resumed from).
+* **steps lost** = last step reached − durable step at the end (never below 0; 0 for a completed
+  attempt; unknown while the attempt runs). When the last step came from the output (zero-code:
+  "step 35" was printed, the child may have gone further before it died), the loss is a lower
+  bound and the record says so (``steps_lost_at_least``).
+* **wall lost** = seconds from the last durable save (or the attempt's start) to the attempt's end.
+* **allocation**: attempts that share a Slurm job id *and* restart count (a requeue keeps the job id
+  and bumps ``SLURM_RESTART_COUNT``, so each requeue is a new allocation).
+* **failure**: an attempt that ended in a class the run is answerable for: any class except
+  ``completed``, ``preempted``, ``time_limit`` and ``cancelled`` (the scheduler's or a person's
+  doing). ``preempted`` and ``time_limit`` are **scheduler ends**: the run comes back by a requeue.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .events import Ev, Event
+from .states import Action, FailureClass
+
+__all__ = [
+    "NOT_FAILURES",
+    "RESULTS_CHECK_CLASSES",
+    "SCHEDULER_ENDS",
+    "AttemptRecord",
+    "LossAnomaly",
+    "ResultsCheck",
+    "SuspectEvent",
+    "durable_end",
+    "durable_progress",
+    "final_run_end",
+    "is_crash",
+    "ledger_from_events",
+    "loss_anomalies",
+    "made_progress",
+    "progress_by_attempt",
+    "records_to_json",
+    "restarts_from_scratch",
+    "results_check",
+    "start_step",
+    "steps_lost",
+]
+
+FC = FailureClass
+
+NOT_FAILURES = frozenset({FC.COMPLETED, FC.PREEMPTED, FC.TIME_LIMIT, FC.CANCELLED})
+SCHEDULER_ENDS = frozenset({FC.PREEMPTED, FC.TIME_LIMIT})
+# Failures after which the numbers the training produced are suspect: a memory error or a faulty
+# GPU can corrupt weights or gradients silently, before (or without) the crash that shows it.
+RESULTS_CHECK_CLASSES = frozenset({FC.ILLEGAL_MEMORY_ACCESS, FC.CUDA_LAUNCH_FAILURE, FC.DEVICE_ASSERT,
+                                   FC.HARDWARE_FAULT})
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One launch of the child, as the event log tells it. ``cls`` None = it has no recorded end
+    (still running, or the supervisor was killed)."""
+
+    attempt: int
+    job_id: str | None = None
+    restart_count: int | None = None
+    nodes: tuple[str, ...] = ()
+    resume_path: str | None = None
+    resume_step: int | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    last_durable_step: int | None = None  # the newest good save of this attempt (else its resume step)
+    cls: FailureClass | None = None
+    action: Action | None = None
+    evidence: tuple[str, ...] = ()
+    exit_code: int | None = None
+    signal: int | None = None
+    start: float | None = None
+    end: float | None = None
+    steps_lost: int | None = None
+    wall_lost: float | None = None
+    failure_step: int | None = None  # the step the classifier saw the failure at (``failure`` event)
+    fresh: bool = False  # launched with nothing to resume from: it started at step 0
+    steps_lost_at_least: bool = False  # the last step is the last one *printed*: the loss may be larger
+    step_source: str | None = None  # where the steps came from: "client" (exact) or "regex" (the output)
+    failure_node: str | None = None
+    failure_reason: str | None = None
+
+    @property
+    def status(self) -> str:
+        """The end class, or ``incomplete`` when the log has no end for this attempt."""
+        return self.cls.value if self.cls is not None else "incomplete"
+
+    @property
+    def allocation(self) -> tuple[str | None, int]:
+        return (self.job_id, self.restart_count or 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Progress, on records
+
+
+def is_crash(cls: FailureClass | None) -> bool:
+    """A failure the run is answerable for (not completion, not the scheduler, not a person)."""
+    return cls is not None and cls not in NOT_FAILURES
+
+
+def steps_lost(last_step: int | None, durable_step: int | None) -> int | None:
+    """Last step reached minus the durable step it falls back to; None when either is unknown."""
+    if last_step is None or durable_step is None:
+        return None
+    return max(last_step - durable_step, 0)
+
+
+def start_step(record: AttemptRecord) -> int | None:
+    """The step the attempt started from: its resume step; 0 for a fresh start; None when unknown."""
+    if record.resume_step is not None:
+        return record.resume_step
+    if record.fresh and record.resume_path is None:
+        return 0
+    return None
+
+
+def durable_end(record: AttemptRecord, next_record: AttemptRecord | None) -> int | None:
+    """The durable step when ``record`` ended: where ``next_record`` really resumed from when that is
+    known (the truth), else the attempt's newest good save, else where it started."""
+    if next_record is not None:
+        resumed = start_step(next_record)
+        if resumed is not None:
+            return resumed
+    if record.last_durable_step is not None:
+        return record.last_durable_step
+    return start_step(record)
+
+
+def durable_progress(record: AttemptRecord, next_record: AttemptRecord | None) -> int | None:
+    """Steps the durable frontier moved during ``record`` (negative: the run fell back, e.g. its
+    newest checkpoint was torn); None when either end is unknown."""
+    end, start = durable_end(record, next_record), start_step(record)
+    return None if end is None or start is None else end - start
+
+
+def progress_by_attempt(records: Sequence[AttemptRecord]) -> list[int | None]:
+    """:func:`durable_progress` of each record, the next record taken from the list."""
+    return [durable_progress(r, records[i + 1] if i + 1 < len(records) else None) for i, r in enumerate(records)]
+
+
+def made_progress(progress: int | None, min_progress: int = 1) -> bool:
+    """Did an attempt with this durable progress move the run forward? Unknown is no."""
+    return progress is not None and progress >= max(min_progress, 1)
+
+
+def restarts_from_scratch(records: Sequence[AttemptRecord]) -> list[tuple[AttemptRecord, int, int]]:
+    """Attempts that started from step 0 although an earlier attempt had saved a checkpoint: the only
+    copy was torn, quarantined or removed, and every step up to it is done again. Each item is
+    (the attempt, the newest step saved before it, the attempt that saved it). A child that reported
+    a first step at or past that save resumed by itself and is not listed."""
+    out: list[tuple[AttemptRecord, int, int]] = []
+    best: tuple[int, int] | None = None  # (step, attempt) of the newest save so far
+    for r in records:
+        redone = best is not None and best[0] > 0 and start_step(r) == 0
+        if best is not None and redone and (r.first_step is None or r.first_step < best[0]):
+            out.append((r, best[0], best[1]))
+        saved = r.last_durable_step
+        if saved is not None and (best is None or saved > best[0]):
+            best = (saved, r.attempt)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Tolerant field readers: the log may come from another version or be hand-edited
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return None
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None or value == "" else str(value)
+
+
+def _signal(value: Any) -> int | None:
+    """``attempt_end`` writes the signal's name (``SIGSEGV``); older or other writers the number."""
+    number = _int(value)
+    if number is not None:
+        return abs(number)
+    if isinstance(value, str) and value:
+        from .signals import parse_signal
+
+        try:
+            return parse_signal(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _cls(value: Any) -> FailureClass | None:
+    try:
+        return FailureClass(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _action(value: Any) -> Action | None:
+    try:
+        return Action(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _nodes(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) and value:
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(str(v) for v in value if v)
+    return ()
+
+
+def _lines(value: Any) -> tuple[str, ...]:
+    if isinstance(value, (list, tuple)):
+        return tuple(str(x) for x in value)
+    if isinstance(value, str) and value:
+        return (value,)
+    return ()
+
+
+# ---------------------------------------------------------------------------------------------
+# The fold
+
+
+@dataclass
+class _Fold:
+    """Mutable accumulator for one attempt while the events are folded."""
+
+    attempt: int
+    started: bool = False
+    job_id: str | None = None
+    restart_count: int | None = None
+    nodes: tuple[str, ...] = ()
+    resume_path: str | None = None
+    resume_step: int | None = None
+    resume_told: bool = False  # an attempt_start or resume_point said where it resumes from
+    start: float | None = None
+    last_ts: float | None = None
+    reported_first: int | None = None  # ``resumed`` event
+    first_seen: int | None = None
+    max_seen: int | None = None
+    sources: set[str] = field(default_factory=set)
+    durable_step: int | None = None
+    durable_ts: float | None = None
+    end: float | None = None
+    end_fields: dict[str, Any] = field(default_factory=dict)
+    cls: FailureClass | None = None
+    action: Action | None = None
+    decided: Action | None = None
+    failure_seen: bool = False
+    evidence: tuple[str, ...] = ()
+    exit_code: int | None = None
+    signal: int | None = None
+    failure_step: int | None = None
+    failure_node: str | None = None
+    failure_reason: str | None = None
+
+    def see(self, step: int | None, ts: float | None = None) -> None:
+        if ts is not None:
+            self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
+        if step is None:
+            return
+        if self.first_seen is None:
+            self.first_seen = step
+        self.max_seen = step if self.max_seen is None else max(self.max_seen, step)
+
+    def resume(self, fields: Mapping[str, Any], path_key: str, step_key: str) -> None:
+        if path_key in fields or step_key in fields:
+            self.resume_told = True
+            self.resume_path = _str(fields.get(path_key))
+            self.resume_step = _int(fields.get(step_key))
+
+    def record(self) -> AttemptRecord:
+        """The record without the numbers that need the next attempt (see :func:`_settle`)."""
+        e = self.end_fields
+        first = _int(e.get("first_step"))
+        if first is None:
+            first = self.reported_first if self.reported_first is not None else self.first_seen
+        reached = [s for s in (_int(e.get("last_step")), self.max_seen) if s is not None]
+        last = max(reached) if reached else None
+        resume_step = self.resume_step if self.resume_step is not None else _int(e.get("resume_step"))
+        resume_path = self.resume_path or _str(e.get("resume_path"))
+        saved = [s for s in (_int(e.get("last_durable_step")), self.durable_step) if s is not None]
+        durable = max(saved) if saved else resume_step
+        source = _str(e.get("step_source"))
+        if source is None and self.sources:
+            source = "client" if "client" in self.sources else min(self.sources)
+        wall = _float(e.get("wall_lost"))
+        if self.cls == FC.COMPLETED:
+            wall = 0.0
+        return AttemptRecord(
+            attempt=self.attempt, job_id=self.job_id, restart_count=self.restart_count, nodes=self.nodes,
+            resume_path=resume_path, resume_step=resume_step, first_step=first, last_step=last,
+            last_durable_step=durable, cls=self.cls, action=self.decided or self.action,
+            evidence=self.evidence, exit_code=self.exit_code, signal=self.signal, start=self.start,
+            end=self.end, steps_lost=_int(e.get("steps_lost")), wall_lost=wall, failure_step=self.failure_step,
+            fresh=self.started and resume_path is None and resume_step is None,
+            step_source=source, failure_node=self.failure_node, failure_reason=self.failure_reason)
+
+    def wall_since_durable(self, stop: float | None) -> float | None:
+        since = self.durable_ts if self.durable_ts is not None else self.start
+        return max(stop - since, 0.0) if stop is not None and since is not None else None
+
+
+def _settle(record: AttemptRecord, fold: _Fold, next_record: AttemptRecord | None) -> AttemptRecord:
+    """Steps and wall time lost, now that the next attempt's resume point is known."""
+    if record.cls == FC.COMPLETED:
+        return replace(record, steps_lost=0, steps_lost_at_least=False, wall_lost=0.0)
+    if next_record is None and record.cls is None:
+        return record  # still running (or its supervisor was killed): nothing is lost yet
+    lost = steps_lost(record.last_step, durable_end(record, next_record))
+    if lost is None:
+        lost = record.steps_lost  # the run loop's own number, when the ledger cannot tell
+    wall = record.wall_lost
+    if wall is None:
+        # Without an attempt_end (a killed supervisor) the last event seen bounds the attempt.
+        wall = fold.wall_since_durable(fold.end if fold.end is not None else fold.last_ts)
+    at_least = lost is not None and record.step_source == "regex"
+    return replace(record, steps_lost=lost, steps_lost_at_least=at_least, wall_lost=wall)
+
+
+def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
+    """Fold the event log (file order) into one record per attempt, in attempt order.
+
+    Tolerant of gaps: an event naming an attempt that never started creates it; an event without an
+    ``attempt`` field belongs to the attempt in progress (a save found by the final rescan after
+    ``attempt_end`` still counts for that attempt); an attempt with no ``attempt_end`` is reported
+    with ``cls`` None (``status`` "incomplete"). A ``resume_point`` alone creates no attempt.
+    """
+    folds: dict[int, _Fold] = {}
+    told: dict[int, Mapping[str, Any]] = {}  # resume_point fields of attempts not started yet
+    current: _Fold | None = None
+
+    def fold_for(ev: Event) -> _Fold | None:
+        nonlocal current
+        number = _int(ev.get("attempt"))
+        if number is None:
+            return current
+        if number not in folds:
+            folds[number] = _Fold(number)
+            if number in told:
+                folds[number].resume(told[number], "path", "step")
+        if current is None or number >= current.attempt:
+            current = folds[number]
+        return folds[number]
+
+    for ev in events:
+        name = ev.event
+        if name == Ev.RESUME_POINT.value:
+            number = _int(ev.get("attempt"))
+            if number is not None and number in folds:
+                if not folds[number].resume_told:
+                    folds[number].resume(ev.fields, "path", "step")
+            elif number is not None:
+                told[number] = ev.fields
+            continue
+        if name == Ev.ATTEMPT_START.value:
+            number = _int(ev.get("attempt"))
+            if number is None:
+                number = max(folds, default=0) + 1
+            f = folds.setdefault(number, _Fold(number))
+            current = f
+            f.started, f.start = True, ev.ts
+            f.see(None, ev.ts)
+            f.job_id = _str(ev.get("job_id"))
+            f.restart_count = _int(ev.get("restart_count"))
+            f.nodes = _nodes(ev.get("nodes")) or _nodes(ev.get("host"))
+            if "resume_path" in ev.fields or "resume_step" in ev.fields:
+                f.resume(ev.fields, "resume_path", "resume_step")
+            elif number in told and not f.resume_told:
+                f.resume(told[number], "path", "step")
+            continue
+        if name not in _FOLDED:
+            continue
+        into = fold_for(ev)
+        if into is None:
+            continue
+        f = into
+        if name == Ev.PROGRESS.value:
+            f.see(_int(ev.get("step")), ev.ts)
+            source = _str(ev.get("source"))
+            if source:
+                f.sources.add(source)
+        elif name == Ev.RESUMED.value:
+            step = _int(ev.get("step"))
+            if f.reported_first is None and step is not None:
+                f.reported_first = step
+            f.see(step, ev.ts)
+        elif name == Ev.SAVE_END.value:
+            step = _int(ev.get("step"))
+            if ev.get("ok") is not False and step is not None:
+                if f.durable_step is None or step >= f.durable_step:
+                    f.durable_step, f.durable_ts = step, ev.ts
+                f.see(step, ev.ts)
+        elif name == Ev.ATTEMPT_END.value:
+            f.end = ev.ts
+            f.end_fields = dict(ev.fields)
+            f.cls = _cls(ev.get("class")) or f.cls
+            f.action = _action(ev.get("action")) or f.action
+            f.exit_code = _int(ev.get("exit_code")) if ev.get("exit_code") is not None else f.exit_code
+            f.signal = _signal(ev.get("signal")) if ev.get("signal") is not None else f.signal
+            f.see(_int(ev.get("last_step")), ev.ts)
+        elif name == Ev.FAILURE.value:
+            f.cls = f.cls or _cls(ev.get("class"))
+            f.action = f.action or _action(ev.get("action"))
+            if not f.failure_seen:  # the first failure: later ones are its consequences
+                f.failure_seen = True
+                f.evidence = _lines(ev.get("evidence"))
+                f.failure_step = _int(ev.get("step"))
+                f.failure_node = _str(ev.get("node"))
+                f.failure_reason = _str(ev.get("reason"))
+            if f.exit_code is None:
+                f.exit_code = _int(ev.get("exit_code"))
+            if f.signal is None:
+                f.signal = _signal(ev.get("signal"))
+            if ev.get("node") and not f.nodes:
+                f.nodes = (str(ev.get("node")),)
+        elif name == Ev.DECISION.value:
+            f.decided = _action(ev.get("action")) or f.decided
+
+    ordered = [folds[n] for n in sorted(folds)]
+    base = [f.record() for f in ordered]
+    return [_settle(r, f, base[i + 1] if i + 1 < len(base) else None)
+            for i, (r, f) in enumerate(zip(base, ordered))]
+
+
+_FOLDED = frozenset(e.value for e in (Ev.PROGRESS, Ev.RESUMED, Ev.SAVE_END, Ev.ATTEMPT_END, Ev.FAILURE,
+                                      Ev.DECISION))
+
+
+def final_run_end(events: Sequence[Event]) -> Event | None:
+    """The ``run_end`` that ended the run: the last one, unless a run or an attempt started after it
+    (a requeue's ``run_end`` does not end a run that went on)."""
+    for ev in reversed(events):
+        if ev.event == Ev.RUN_END.value:
+            return ev
+        if ev.event in (Ev.RUN_START.value, Ev.ATTEMPT_START.value):
+            return None
+    return None
+
+
+def records_to_json(records: Iterable[AttemptRecord]) -> list[dict[str, Any]]:
+    """Plain data for ``--json`` output (``class`` for the class, enums as strings)."""
+    out = []
+    for r in records:
+        out.append({
+            "attempt": r.attempt, "job_id": r.job_id, "restart_count": r.restart_count, "nodes": list(r.nodes),
+            "resume_path": r.resume_path, "resume_step": r.resume_step, "first_step": r.first_step,
+            "last_step": r.last_step, "last_durable_step": r.last_durable_step, "steps_lost": r.steps_lost,
+            "steps_lost_at_least": r.steps_lost_at_least, "wall_lost": r.wall_lost,
+            "class": r.cls.value if r.cls else None, "status": r.status,
+            "action": r.action.value if r.action else None, "evidence": list(r.evidence),
+            "exit_code": r.exit_code, "signal": r.signal, "start": r.start, "end": r.end,
+            "failure_step": r.failure_step, "step_source": r.step_source,
+        })
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Results that need a check
+
+
+@dataclass(frozen=True)
+class LossAnomaly:
+    """A ``loss_anomaly`` event: a non-finite loss or a spike."""
+
+    attempt: int | None
+    step: int | None
+    kind: str  # nan | inf | spike
+    loss: float | None = None
+
+
+def loss_anomalies(events: Iterable[Event]) -> list[LossAnomaly]:
+    """The ``loss_anomaly`` events of the log, in order."""
+    return [LossAnomaly(_int(ev.get("attempt")), _int(ev.get("step")), _str(ev.get("kind")) or "anomaly",
+                        _float(ev.get("loss")))
+            for ev in events if ev.event == Ev.LOSS_ANOMALY.value]
+
+
+@dataclass(frozen=True)
+class SuspectEvent:
+    """One failure or loss anomaly that puts the training's numbers in doubt."""
+
+    attempt: int | None
+    what: str  # a failure class value, or "loss_anomaly (nan)"
+    step: int | None
+    evidence: str | None = None
+
+
+@dataclass(frozen=True)
+class ResultsCheck:
+    """The run had failures that can corrupt results silently: a person should check them.
+
+    ``crash_free_steps``: steps reached since the newest of them (None when its step is unknown);
+    ``settled``: at least ``crash_free_needed`` of them, the stretch after which a fix is believed.
+    """
+
+    events: tuple[SuspectEvent, ...]
+    crash_free_steps: int | None
+    crash_free_needed: int
+    settled: bool
+    reason: str
+
+
+def results_check(records: Sequence[AttemptRecord], anomalies: Sequence[LossAnomaly],
+                  crash_free_needed: int) -> ResultsCheck | None:
+    """None when no attempt ended in an illegal memory access, a device-side error (device assert,
+    launch failure), a hardware fault (ECC, Xid) and no loss anomaly was logged; else the list,
+    with the crash-free steps since the newest one."""
+    found: list[tuple[int, SuspectEvent]] = []
+    for i, r in enumerate(records):
+        if r.cls is not None and r.cls in RESULTS_CHECK_CLASSES:
+            step = r.failure_step if r.failure_step is not None else r.last_step
+            found.append((i, SuspectEvent(r.attempt, r.cls.value, step, r.evidence[0] if r.evidence else None)))
+    index = {r.attempt: i for i, r in enumerate(records)}
+    for a in anomalies:
+        position = index.get(a.attempt, len(records)) if a.attempt is not None else len(records)
+        loss = f", loss {a.loss:g}" if a.loss is not None else ""
+        found.append((position, SuspectEvent(a.attempt, f"loss_anomaly ({a.kind}{loss})", a.step)))
+    if not found:
+        return None
+    found.sort(key=lambda item: (item[0], item[1].step if item[1].step is not None else -1))
+    suspects = tuple(s for _, s in found)
+    newest = suspects[-1]
+    reached = max((r.last_step for r in records if r.last_step is not None), default=None)
+    free = max(reached - newest.step, 0) if reached is not None and newest.step is not None else None
+    settled = free is not None and free >= crash_free_needed
+    listed = "; ".join(_grouped(suspects))
+    since = "an unknown number of" if free is None else str(free)
+    verdict = ("a fix is believed after that long" if settled else
+               "a memory error can corrupt weights or gradients silently before it crashes")
+    reason = (f"results need a check: {listed}; {since} crash-free steps since the last one "
+              f"({crash_free_needed} needed: {verdict})")
+    return ResultsCheck(suspects, free, crash_free_needed, settled, reason)
+
+
+def _grouped(suspects: Sequence[SuspectEvent], shown: int = 6) -> list[str]:
+    """``illegal_memory_access at steps 120, 240 (attempts 1, 2)``: one phrase per kind, in order."""
+    kinds: dict[str, list[SuspectEvent]] = {}
+    for s in suspects:
+        kinds.setdefault(s.what, []).append(s)
+    out = []
+    for what, items in kinds.items():
+        steps = [str(s.step) if s.step is not None else "?" for s in items]
+        attempts = list(dict.fromkeys(str(s.attempt) for s in items if s.attempt is not None))
+        more = f" and {len(steps) - shown} more" if len(steps) > shown else ""
+        where = f"step{'s' if len(steps) > 1 else ''} {', '.join(steps[:shown])}{more}"
+        who = f" (attempt{'s' if len(attempts) > 1 else ''} {', '.join(attempts[:shown])}" \
+              f"{'…' if len(attempts) > shown else ''})" if attempts else ""
+        out.append(f"{what} at {where}{who}")
+    return out
