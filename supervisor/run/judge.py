@@ -95,7 +95,8 @@ def judge_attempt(failure: Failure, facts: AttemptFacts, history: Sequence[Any],
     if cls is FailureClass.CANCELLED:
         who = "interrupted by a person" if facts.cancelled else f"cancelled by a person: {reason}"
         return AttemptVerdict(cls, failure, RunOutcome.INTERRUPTED, EXIT_CANCELLED, who, stopped_by="person")
-    decision = decide(failure, history, policy, job_id)
+    decision = decide(failure, history, policy, job_id, current=ledger[-1] if ledger else None,
+                      min_progress=budget.min_durable_progress)
     verdict: BudgetVerdict | None = None
     if decision.action in (Action.RESTART, Action.REQUEUE):
         verdict = judge(ledger, budget, job_id)
@@ -108,4 +109,4 @@ def judge_attempt(failure: Failure, facts: AttemptFacts, history: Sequence[Any],
     if decision.action is Action.REQUEUE:
         return AttemptVerdict(cls, failure, RunOutcome.REQUEUE, ExitCode.REQUEUE, decision.reason, decision, verdict)
     return AttemptVerdict(cls, failure, RunOutcome.STOPPED, child_status, decision.reason, decision, verdict,
-                          stopped_by=f"policy.{cls.value}")
+                          stopped_by=getattr(decision, "stopped_by", None) or f"policy.{cls.value}")

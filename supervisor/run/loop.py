@@ -262,7 +262,8 @@ class Runner:
                  duration=round(exit_.duration, 3), first_step=state.first_step, last_step=state.last_step,
                  last_durable_step=state.last_durable_step, steps_lost=0 if done else state.steps_lost(),
                  wall_lost=0.0 if done else round(state.wall_lost(ended), 3), resume_step=state.resume_step,
-                 resume_path=state.resume_path, **{"class": cls.value, "action": None})
+                 resume_path=state.resume_path, step_source=state.step_source,
+                 **{"class": cls.value, "action": None})
         dropped, cut = child.lines_not_analysed()
         if dropped or cut:
             ctx.emit(Ev.WARNING, attempt=state.attempt, reason="output lines not analysed", dropped=dropped, cut=cut)
