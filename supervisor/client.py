@@ -14,7 +14,7 @@ supervisor, with or without torch.
     else:
         client.done(total)                    # finished: the exit that follows is completion
 
-Contract (DESIGN.md §4): the client never crashes or slows training. Without ``SUPERVISOR_CONTROL``
+Contract: the client never crashes or slows training. Without ``SUPERVISOR_CONTROL``
 every call is a cheap no-op and ``resume_path()`` is None. When the channel fails (the supervisor is
 gone) sends become no-ops after ONE warning line on stderr, while :func:`should_stop` keeps working
 from signals and from the stop file ``$SUPERVISOR_RUN_DIR/supervisor/stop.json``. Sockets are
@@ -40,14 +40,50 @@ import stat
 import sys
 import threading
 import time
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from .control import (MAX_DATAGRAM, SUPERVISOR_KINDS, Kind, Rejected, decode, encode, parse_address)
+from .control import (
+    KEY_ENV,
+    LEGACY_KEY_ENV,
+    MAX_DATAGRAM,
+    SUPERVISOR_KINDS,
+    Kind,
+    Rejected,
+    SeqTracker,
+    decode,
+    new_sender_id,
+    parse_address,
+    seal,
+    valid_step,
+)
+
+if TYPE_CHECKING:  # annotations only: the client stays stdlib-only at run time
+    from types import TracebackType
+
+    from typing_extensions import Self
 
 __all__ = [
-    "resume_path", "resume_step", "checkpoint_dir", "attempt", "heartbeat", "saving", "save",
-    "update_last", "should_stop", "stop_deadline", "stop_reason", "save_requested", "save_deadline",
-    "abort_requested", "resumed", "done", "install", "report_determinism", "enabled", "STACK_DUMP_SIGNAL",
+    "STACK_DUMP_SIGNAL",
+    "abort_requested",
+    "attempt",
+    "checkpoint_dir",
+    "done",
+    "enabled",
+    "heartbeat",
+    "install",
+    "report_determinism",
+    "resume_path",
+    "resume_step",
+    "resumed",
+    "save",
+    "save_deadline",
+    "save_requested",
+    "saving",
+    "should_stop",
+    "stop_deadline",
+    "stop_reason",
+    "update_last",
 ]
 
 HEARTBEAT_INTERVAL = 0.2  # s between heartbeat datagrams from rank 0
@@ -154,7 +190,13 @@ class _Client:
         self.resume_step = _int_or_none(environ.get("SUPERVISOR_RESUME_STEP")) if self.resume_path else None
         self.checkpoint_dir = environ.get("SUPERVISOR_CHECKPOINT_DIR") or None
         self.address = environ.get("SUPERVISOR_CONTROL") or ""
-        self.token = environ.get("SUPERVISOR_TOKEN") or ""
+        # The per-run key authenticates every datagram and never travels. $SUPERVISOR_TOKEN is the
+        # name run loops of protocol 1 exported it under.
+        self.key = environ.get(KEY_ENV) or environ.get(LEGACY_KEY_ENV) or ""
+        self.sender_id = new_sender_id()
+        self._seq = 0
+        self._supervisor_seq = SeqTracker(capacity=4)
+        self.rejected = 0  # datagrams to our reply port that were not the supervisor's (or replays)
         self.notice_signals = environ.get(NOTICE_SIGNALS_ENV, "")
         run_dir = environ.get("SUPERVISOR_RUN_DIR") or ""
         self.stop_file = os.path.join(run_dir, "supervisor", "stop.json") if run_dir else None
@@ -201,8 +243,8 @@ class _Client:
     # channel ---------------------------------------------------------------------------------
 
     def _open_channel(self) -> None:
-        if not self.token:
-            self._warn(f"SUPERVISOR_CONTROL={self.address} but SUPERVISOR_TOKEN is empty; channel off")
+        if not self.key:
+            self._warn(f"SUPERVISOR_CONTROL={self.address} but {KEY_ENV} is empty; channel off")
             return
         try:
             host, port = parse_address(self.address)
@@ -212,7 +254,8 @@ class _Client:
                 # Connected, so a vanished supervisor shows up as ECONNREFUSED on a later send.
                 send.connect((host, port))
                 send.setblocking(False)
-                recv.bind(("0.0.0.0", 0))
+                # Listen only on the address our datagrams leave from: the supervisor replies there.
+                recv.bind((send.getsockname()[0], 0))
                 recv.setblocking(False)
             except OSError:
                 send.close()
@@ -239,7 +282,7 @@ class _Client:
         try:
             sys.stderr.write(f"[supervisor.client] warning: {message}\n")
             sys.stderr.flush()
-        except Exception:  # noqa: BLE001 - a closed stderr must not stop training
+        except Exception:  # noqa: BLE001, S110 - a closed stderr must not stop training
             pass
 
     def _degrade(self, reason: str) -> None:
@@ -255,13 +298,17 @@ class _Client:
         self._warn(f"control channel {self.address} is gone ({reason}); training carries on without "
                    "it (stop notices still come from signals and the stop file)")
 
+    def _seal(self, kind: Kind, fields: dict[str, Any]) -> bytes:
+        self._seq += 1
+        return seal(kind, self.key, self.sender_id, self._seq, 0, rank=self.rank, pid=self.pid, host=self.host,
+                    attempt=self.attempt, **fields)
+
     def _send_message(self, kind: Kind, fields: dict[str, Any]) -> None:
         sock = self._send
         if sock is None or not self.sending:
             return
         try:
-            data = encode(kind, self.token, rank=self.rank, pid=self.pid, host=self.host,
-                          attempt=self.attempt, **fields)
+            data = self._seal(kind, fields)
         except (TypeError, ValueError):
             self.dropped_sends += 1
             return
@@ -286,8 +333,7 @@ class _Client:
         slim.pop("metrics", None)
         if isinstance(slim.get("settings"), dict):
             slim["settings"] = {str(k)[:100]: str(v)[:200] for k, v in list(slim["settings"].items())[:20]}
-        data = encode(kind, self.token, rank=self.rank, pid=self.pid, host=self.host,
-                      attempt=self.attempt, **slim)
+        data = self._seal(kind, slim)
         return data if len(data) <= MAX_DATAGRAM else None
 
     # heartbeats ------------------------------------------------------------------------------
@@ -317,10 +363,11 @@ class _Client:
         if pending is None:
             return
         step, metrics = pending
-        try:
-            fields: dict[str, Any] = {"step": int(step)}
-        except (TypeError, ValueError, RuntimeError):
+        value = _step_or_none(step)
+        if value is None:
+            self.dropped_sends += 1  # not a step the supervisor would accept (negative, >= 2**53)
             return
+        fields: dict[str, Any] = {"step": value}
         if metrics:
             fields["metrics"] = {str(k): _as_number(v) for k, v in metrics.items()}
         self._send_message(Kind.HEARTBEAT, fields)
@@ -337,7 +384,7 @@ class _Client:
         self._warned = True
         try:
             self.flush()
-        except Exception:  # noqa: BLE001 - never fail an interpreter exit
+        except Exception:  # noqa: BLE001, S110 - never fail an interpreter exit
             pass
 
     # what the supervisor asked ---------------------------------------------------------------
@@ -370,10 +417,15 @@ class _Client:
             except OSError:
                 return
             try:
-                kind, record = decode(data, self.token, SUPERVISOR_KINDS)
+                datagram = decode(data, self.key, SUPERVISOR_KINDS)
             except Rejected:
+                self.rejected += 1
                 continue
-            self._apply(kind, record)
+            if datagram.recipient != self.sender_id or not self._supervisor_seq.accept(datagram.sender,
+                                                                                      datagram.seq):
+                self.rejected += 1  # meant for another client (or attempt), or a replay
+                continue
+            self._apply(datagram.kind, datagram.record)
 
     def await_verdict(self, timeout: float) -> None:
         """Block up to ``timeout`` for the supervisor's answer to a notice (once per process)."""
@@ -502,13 +554,13 @@ def _has_fileno(stream: Any) -> bool:
 class _Saving:
     """``with saving(step, path):`` reports save_begin/save_end and defers chained signal handlers."""
 
-    __slots__ = ("_client", "_step", "_path", "_started")
+    __slots__ = ("_client", "_path", "_started", "_step")
 
     def __init__(self, client: _Client, step: int | None, path: Any) -> None:
         self._client, self._step, self._path = client, step, os.fspath(path)
         self._started = 0.0
 
-    def __enter__(self) -> "_Saving":
+    def __enter__(self) -> Self:
         c = self._client
         c._saving_depth += 1
         if c.sending:
@@ -517,7 +569,8 @@ class _Saving:
         self._started = _monotonic()
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
         c = self._client
         duration = _monotonic() - self._started
         ok = exc_type is None
@@ -538,10 +591,12 @@ class _Saving:
 
 
 def _step_or_none(step: Any) -> int | None:
+    """``step`` as an int the supervisor accepts (0 <= step < 2**53), else None."""
     try:
-        return None if step is None else int(step)
-    except (TypeError, ValueError, RuntimeError):
+        value = None if step is None else int(step)
+    except (TypeError, ValueError, RuntimeError, OverflowError):  # OverflowError: int(float("inf"))
         return None
+    return value if valid_step(value) else None
 
 
 # ---------------------------------------------------------------------------------------------

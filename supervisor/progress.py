@@ -30,9 +30,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-# Steps are bounded integers: anything the loop computes from them (rates, steps lost, float
-# conversions) stays exact and can never overflow. Out-of-range values are ignored and counted.
-MAX_STEP = 2**53  # exclusive; the largest integer a float still holds exactly
+from .control import MAX_STEP, valid_step
+
+# Steps are bounded integers (MAX_STEP, the wire protocol's bound too): anything the loop computes
+# from them (rates, steps lost, float conversions) stays exact and can never overflow. Out-of-range
+# values are ignored and counted.
 _MAX_STEP_DIGITS = len(str(MAX_STEP))
 
 # re.ASCII: \d is [0-9] only. Without it \d matches Arabic-Indic and other Unicode digits, which
@@ -47,10 +49,6 @@ def step_from_text(text: str | None) -> int | None:
     value = int(text)
     return value if value < MAX_STEP else None
 
-
-def valid_step(value: object) -> bool:
-    """An int (not a bool) with 0 <= value < :data:`MAX_STEP`."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_STEP
 
 # (name, regex, scope). scope: "global" = a global step; "counter" = a global step unless the line
 # names an epoch; "progress" = progress only. Each regex has the named group "n" (the counter).
