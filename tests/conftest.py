@@ -3,6 +3,14 @@
 Rule: with ``CI`` set (CI=true), a cluster that cannot start FAILS every test that needs it; outside
 CI those tests are skipped with the reason. Any test that uses ``slurm_cluster`` (directly or through
 ``slurm_job_dir``) is marked ``slurm`` automatically.
+
+Versions: every such test runs once per Slurm version picked by ``--slurm=...`` or
+``$SUPERVISE_TEST_SLURM`` (comma list: the host's own version, e.g. ``22.05``, or ``host``; ``24.11``;
+``26.05``; ``all``), default the host's only. The version is in the test id:
+``test_x[slurm-24.11]``. A root version runs its cluster, its client commands and its jobs inside a
+Debian root (tests/slurm_roots/; built on first use, cached after). Tests stay version-agnostic:
+``slurm_cluster.run(["sbatch", ...])``, ``slurm_cluster.env`` for any subprocess, and
+``slurm_cluster.version`` / ``slurm_version`` where behaviour really differs.
 """
 
 from __future__ import annotations
@@ -19,11 +27,56 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `import
 
 import slurm_cluster as cluster_lib  # noqa: E402
 
-SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_job_dir"})
+SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_job_dir", "slurm_version"})
+VERSIONS_ENV = "SUPERVISE_TEST_SLURM"
 
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slurm", action="store", default=None, metavar="VERSIONS",
+        help=f"Slurm versions for the slurm-marked tests, comma-separated: the host's (e.g. 22.05, or 'host'), "
+             f"{', '.join(sorted(cluster_lib.ROOT_VERSIONS))}, or 'all' (default: ${VERSIONS_ENV}, else the host's)",
+    )
+
+
+def slurm_versions(config: pytest.Config) -> list[str]:
+    """The version labels to run the Slurm tests on, in order, without duplicates."""
+    cached = getattr(config, "_slurm_versions", None)
+    if cached is not None:
+        return cached
+    host = cluster_lib.host_version_label() or "host"
+    text = config.getoption("--slurm") or os.environ.get(VERSIONS_ENV, "")
+    labels: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if item == "all":
+            wanted = [host, *sorted(cluster_lib.ROOT_VERSIONS)]
+        elif item in ("", "host"):
+            wanted = [host] if item == "host" else []
+        elif item == host or item in cluster_lib.ROOT_VERSIONS:
+            wanted = [item]
+        else:
+            raise pytest.UsageError(
+                f"{VERSIONS_ENV}/--slurm: unknown Slurm version {item!r}; use the host's ({host}), "
+                f"{', '.join(sorted(cluster_lib.ROOT_VERSIONS))}, host or all"
+            )
+        labels += [w for w in wanted if w not in labels]
+    config._slurm_versions = labels or [host]  # type: ignore[attr-defined]
+    return config._slurm_versions  # type: ignore[attr-defined]
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"slurm versions for slurm-marked tests: {', '.join(slurm_versions(config))}"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "slurm_version" in metafunc.fixturenames:
+        labels = slurm_versions(metafunc.config)
+        metafunc.parametrize("slurm_version", labels, ids=[f"slurm-{v}" for v in labels], scope="session",
+                             indirect=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -33,18 +86,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[cluster_lib.Cluster]:
-    """A running two-node cluster (n1, n2; partitions ``extra`` preemptible, ``own`` preempting).
+def slurm_version(request: pytest.FixtureRequest) -> str:
+    """The Slurm version label this test runs against (``22.05``, ``24.11``, ``26.05``)."""
+    return request.param
 
-    Use ``cluster.env`` for every Slurm command and ``cluster.run_job(script_text, *sbatch_args)``
-    to run a job to its end (-> JobResult: job_id, info, output). Set SLURM_TEST_KEEP=1 to keep the
-    cluster directory (logs, state) after the session.
+
+@pytest.fixture(scope="session")
+def slurm_cluster(slurm_version: str) -> Iterator[cluster_lib.Cluster]:
+    """A running two-node cluster (n1, n2; partitions ``extra`` preemptible, ``own`` preempting) of
+    Slurm ``slurm_version``; one at a time (pytest groups the tests by version).
+
+    Use ``cluster.run([...])`` / ``cluster.env`` for every Slurm command and
+    ``cluster.run_job(script_text, *sbatch_args)`` to run a job to its end (-> JobResult: job_id,
+    info, output). Set SLURM_TEST_KEEP=1 to keep the cluster directory (logs, state) after the session.
     """
     keep = os.environ.get("SLURM_TEST_KEEP", "") not in ("", "0")
     try:
-        cluster = cluster_lib.start_cluster(owner_pid=os.getpid(), die_with_owner=True)
+        install = cluster_lib.install_for(slurm_version)
+        cluster = cluster_lib.start_cluster(owner_pid=os.getpid(), die_with_owner=True, install=install)
     except cluster_lib.ClusterError as exc:
-        message = f"the Slurm test cluster could not start: {exc}"
+        message = f"the Slurm {slurm_version} test cluster could not start: {exc}"
         if in_ci():
             pytest.fail(message, pytrace=False)
         pytest.skip(message)

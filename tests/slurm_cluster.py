@@ -4,7 +4,7 @@ Everything lives in one directory of its own: a munge key and a munged on its ow
 slurm.conf with free ports picked at start, slurmctld and two slurmd (``n1``, ``n2``), their state,
 spool, pid and log files. Nothing global is touched: no /etc/slurm, no system munged, no systemd;
 commands reach this cluster only through ``Cluster.env`` (``SLURM_CONF`` points at our slurm.conf).
-Recipe: DESIGN.md §10, research/slurm-semantics.md §8.
+Recipe: docs/design.md, docs/slurm-versions.md
 
 A person::
 
@@ -14,6 +14,20 @@ A person::
 
 Tests: ``start_cluster(base_dir) -> Cluster`` (conftest.py wraps it in a session fixture).
 Runs as root (SlurmUser=root), as in CI.
+
+Other Slurm versions: ``start_cluster(install=root_install("24.11"))`` runs the same recipe with the
+daemons of a Debian root (tests/slurm_roots/build.sh builds it; trixie gives 24.11, sid 26.05).
+Every daemon and every client command then runs inside that root through tests/slurm_roots/enter.sh
+(a private mount namespace + chroot; the repository, the temp dir and this Python are bound at the
+same paths, so paths and ``sys.executable`` mean the same inside and out). ``Cluster.env`` puts
+shims of the client commands (sbatch, scontrol, squeue, scancel, sinfo, sacct, srun, ...) first on
+PATH, so ``cluster.run(["sbatch", ...])``, ``SlurmCli(env=cluster.env)`` and any subprocess given
+``env=cluster.env`` reach the root's commands; a job submitted that way runs inside the root, and
+its own ``scontrol`` (the supervisor's) is the root's too. The host's own Slurm needs none of this.
+
+A person::
+
+    python tests/slurm_cluster.py start --slurm 24.11      # builds the root first when needed
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ import ctypes
 import json
 import os
 import shutil
+import shlex
 import signal
 import socket
 import subprocess
@@ -35,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from supervisor.slurm import SlurmVersion
 from supervisor.slurm.parse import (
     FINISHED_STATES,
     JobInfo,
@@ -42,6 +58,15 @@ from supervisor.slurm.parse import (
     parse_scontrol_job,
     parse_version,
 )
+
+REPO = Path(__file__).resolve().parent.parent
+ROOTS_DIR_ENV = "SUPERVISE_TEST_SLURM_ROOTS"  # where tests/slurm_roots/build.sh keeps its roots
+DEFAULT_ROOTS_DIR = Path("/var/cache/slurm-supervisor/roots")
+BUILD_SCRIPT = REPO / "tests" / "slurm_roots" / "build.sh"
+ENTER_SCRIPT = REPO / "tests" / "slurm_roots" / "enter.sh"
+ROOT_VERSIONS = {"24.11": "trixie", "26.05": "sid"}  # what build.sh knows how to build
+CLIENT_COMMANDS = ("sbatch", "srun", "salloc", "scontrol", "squeue", "scancel", "sinfo", "sacct", "sstat",
+                   "sprio", "sshare", "sdiag", "sattach", "strigger")
 
 DIR_PREFIX = "slurm-test-cluster-"  # fixture dirs: <tmp>/slurm-test-cluster-XXXX (owner pid recorded)
 MANUAL_DIR_NAME = "slurm-test-cluster"  # default dir of the command line; never auto-cleaned
@@ -55,6 +80,107 @@ REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "sru
 
 class ClusterError(RuntimeError):
     """The test cluster could not start or answer; the message says what and where the logs are."""
+
+
+@dataclass(frozen=True)
+class SlurmInstall:
+    """Where one Slurm version's binaries live: the host's own (``root`` None), or a Debian root
+    entered through tests/slurm_roots/enter.sh with ``binds`` (host paths seen at the same path
+    inside)."""
+
+    root: Path | None = None
+    binds: tuple[str, ...] = ()
+
+    @property
+    def is_host(self) -> bool:
+        return self.root is None
+
+    def prefix(self) -> list[str]:
+        """What goes before a command to run it with this install's Slurm (empty on the host)."""
+        if self.root is None:
+            return []
+        return [str(ENTER_SCRIPT), str(self.root), *self.binds, "--"]
+
+    def binary(self, name: str) -> str:
+        """The path of a Slurm/munge program as the command sees it (inside the root for a root)."""
+        if self.root is None:
+            return _binary(name)
+        for folder in ("/usr/sbin", "/usr/bin", "/sbin", "/bin"):
+            if (self.root / folder.lstrip("/") / name).exists():
+                return f"{folder}/{name}"
+        raise ClusterError(f"{name} not found in the Slurm root {self.root}; rebuild it: {BUILD_SCRIPT}")
+
+    def missing(self) -> list[str]:
+        if self.root is None:
+            return missing_binaries()
+        return [n for n in REQUIRED_BINARIES
+                if not any((self.root / d / n).exists() for d in ("usr/sbin", "usr/bin", "sbin", "bin"))]
+
+    def to_state(self) -> dict:
+        return {"root": str(self.root) if self.root else None, "binds": list(self.binds)}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "SlurmInstall":
+        root = state.get("root")
+        return cls(Path(root), tuple(state.get("binds") or ())) if root else cls()
+
+
+HOST = SlurmInstall()
+
+
+def roots_dir() -> Path:
+    return Path(os.environ.get(ROOTS_DIR_ENV, "").strip() or DEFAULT_ROOTS_DIR)
+
+
+def default_binds() -> tuple[str, ...]:
+    """Host paths a root must see at the same path: the repository (tests, children, examples,
+    the editable install), the temp dir (cluster dirs, pytest's tmp_path) and this interpreter's
+    prefix (its stdlib and site-packages: torch included), plus $SUPERVISE_TEST_ROOT_BINDS."""
+    wanted = [str(REPO), tempfile.gettempdir(), sys.prefix, sys.base_prefix]
+    wanted += [p for p in os.environ.get("SUPERVISE_TEST_ROOT_BINDS", "").split(os.pathsep) if p.strip()]
+    binds: list[str] = []
+    for path in sorted({str(Path(p).resolve()) for p in wanted}, key=len):
+        if path in ("/", "/usr", "/etc", "/var", "/lib", "/bin", "/sbin", "/proc", "/dev", "/sys"):
+            raise ClusterError(
+                f"cannot bind {path} into a Slurm root (it is the root's own); run the tests with an "
+                "interpreter that lives outside /usr (pyenv, /usr/local, /opt, conda)"
+            )
+        if not any(path == b or path.startswith(b + "/") for b in binds):
+            binds.append(path)
+    return tuple(binds)
+
+
+def root_install(version: str, build: bool = True, base: Path | None = None) -> SlurmInstall:
+    """The Debian root holding Slurm ``version`` (e.g. "24.11"); built first (cached: seconds when
+    it exists) unless ``build`` is False."""
+    if version not in ROOT_VERSIONS:
+        known = ", ".join(sorted(ROOT_VERSIONS))
+        raise ClusterError(f"no Slurm root recipe for {version} (known: {known}; the host has its own)")
+    root = (base or roots_dir()) / version
+    if build:
+        proc = subprocess.run(["bash", str(BUILD_SCRIPT), version, str(root)], capture_output=True, text=True,
+                              timeout=3600)
+        if proc.returncode != 0:
+            raise ClusterError(f"building the Slurm {version} root failed:\n{proc.stderr[-3000:]}")
+    if not (root / ".slurm-root.json").exists():
+        raise ClusterError(f"no complete Slurm {version} root at {root}; build it: {BUILD_SCRIPT} {version}")
+    return SlurmInstall(root, default_binds())
+
+
+def host_version_label() -> str | None:
+    """``22.05`` for the host's own Slurm, None when it is not installed."""
+    try:
+        major, minor, _ = installed_version(HOST)
+    except (ClusterError, OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return f"{major}.{minor:02d}"
+
+
+def install_for(label: str) -> SlurmInstall:
+    """``host``, the host's version (``22.05``), or a root version (``24.11``, ``26.05``)."""
+    if label in ("host", host_version_label()):
+        return HOST
+    return root_install(label)
 
 
 @dataclass(frozen=True)
@@ -76,14 +202,19 @@ def _clean_environ(base: dict[str, str]) -> dict[str, str]:
 class Cluster:
     """A running throwaway cluster rooted at ``base_dir``."""
 
-    def __init__(self, base_dir: Path) -> None:
+    def __init__(self, base_dir: Path, install: SlurmInstall | None = None) -> None:
         self.base_dir = Path(base_dir).resolve()
         self.conf_path = self.base_dir / "etc" / "slurm.conf"
         self.shared_dir = self.base_dir / "shared"  # jobs and tests may write here
         self.log_dir = self.base_dir / "log"
+        self.shim_dir = self.base_dir / "bin"
         self.nodes = NODES
+        self.install = install if install is not None else SlurmInstall.from_state(self.read_state())
         self.env: dict[str, str] = _clean_environ(dict(os.environ))
         self.env["SLURM_CONF"] = str(self.conf_path)
+        if not self.install.is_host:
+            self.env["PATH"] = f"{self.shim_dir}{os.pathsep}{self.env.get('PATH', os.defpath)}"
+            self.env["SLURM_ROOT_SHIMS"] = str(self.shim_dir)
         self._script_numbers = itertools.count(1)
 
     # ---- state file -------------------------------------------------------------------------
@@ -101,16 +232,33 @@ class Cluster:
     def grace_time(self) -> int:
         return int(self.read_state().get("grace_time", DEFAULT_GRACE))
 
+    @property
+    def version(self) -> SlurmVersion:
+        """The Slurm version of this cluster's daemons and commands, e.g. SlurmVersion(24, 11, 5):
+        a tuple with the capability properties the supervisor uses (requeues_on_exit_during_grace...)."""
+        recorded = self.read_state().get("slurm_version")
+        return SlurmVersion.of(recorded) if recorded else installed_version(self.install)  # type: ignore[return-value]
+
+    @property
+    def label(self) -> str:
+        """``22.05`` / ``24.11`` / ``26.05``: the version as test ids name it."""
+        major, minor, _ = self.version
+        return f"{major}.{minor:02d}"
+
     # ---- commands ----------------------------------------------------------------------------
-    def command(
+    def run(
         self, argv: Sequence[str], timeout: float = 20.0, check: bool = True, cwd: Path | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run a Slurm client command against this cluster (argv list, never a shell)."""
-        proc = subprocess.run(list(argv), env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        """Run a Slurm client command against this cluster (argv list, never a shell), with this
+        cluster's version of the command (inside its root when it has one)."""
+        proc = subprocess.run([str(a) for a in argv], env=self.env, capture_output=True, text=True,
+                              timeout=timeout, cwd=cwd)
         if check and proc.returncode != 0:
             said = proc.stderr.strip() or proc.stdout.strip()
-            raise ClusterError(f"{' '.join(argv)} exited {proc.returncode}: {said}")
+            raise ClusterError(f"{' '.join(map(str, argv))} exited {proc.returncode}: {said}")
         return proc
+
+    command = run  # the older name
 
     def scontrol(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.command(["scontrol", *args], check=check)
@@ -193,6 +341,19 @@ class Cluster:
         finally:
             self.set_grace(before)
 
+    def resume_node(self, node: str, timeout: float = 60.0) -> None:
+        """Bring a node set DOWN/DRAIN back (RESUME is refused while it still has a job completing)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            proc = self.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+            state = self.node_states().get(node, "")
+            if proc.returncode == 0 or state in ("idle", "alloc", "mix"):
+                if state in ("idle", "alloc", "mix") or time.monotonic() > deadline:
+                    return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"node {node} did not come back: {state} ({proc.stderr.strip()})")
+            time.sleep(0.3)
+
     def node_states(self) -> dict[str, str]:
         proc = self.command(["sinfo", "-h", "-N", "-o", "%N %t"], check=False, timeout=10)
         states: dict[str, str] = {}
@@ -268,15 +429,18 @@ def start_cluster(
     owner_pid: int | None = None,
     die_with_owner: bool = False,
     timeout: float = 30.0,
+    install: SlurmInstall = HOST,
 ) -> Cluster:
     """Start munged, slurmctld and two slurmd in ``base_dir`` (a fresh temp dir when None) and wait
     until both nodes are idle. ``owner_pid``: the process whose death makes the cluster stale (a
-    later start cleans it up); ``die_with_owner``: the daemons get SIGTERM when the caller dies."""
-    missing = missing_binaries()
+    later start cleans it up); ``die_with_owner``: the daemons get SIGTERM when the caller dies;
+    ``install``: the host's Slurm, or a root's (:func:`root_install`)."""
+    missing = install.missing()
     if missing:
+        where = "" if install.is_host else f" in the root {install.root}"
         raise ClusterError(
-            f"Slurm/munge not installed (missing: {', '.join(missing)}); install with "
-            "`apt-get install -y slurm-wlm munge`"
+            f"Slurm/munge not installed{where} (missing: {', '.join(missing)}); install with "
+            + ("`apt-get install -y slurm-wlm munge`" if install.is_host else f"{BUILD_SCRIPT}")
         )
     if os.geteuid() != 0:
         raise ClusterError("the test cluster runs its daemons as root (SlurmUser=root); run the tests as root")
@@ -289,7 +453,7 @@ def start_cluster(
         if base.exists() and (base / "cluster.json").exists():
             stop_cluster_dir(base, keep=True)
         try:
-            return _start_once(base, grace_time, cred_expire, owner_pid, die_with_owner, timeout)
+            return _start_once(base, grace_time, cred_expire, owner_pid, die_with_owner, timeout, install)
         except ClusterError as exc:
             last_error = exc
             if "Address already in use" not in str(exc):
@@ -299,23 +463,26 @@ def start_cluster(
 
 
 def _start_once(
-    base: Path, grace_time: int, cred_expire: int, owner_pid: int | None, die_with_owner: bool, timeout: float
+    base: Path, grace_time: int, cred_expire: int, owner_pid: int | None, die_with_owner: bool, timeout: float,
+    install: SlurmInstall = HOST,
 ) -> Cluster:
     for sub in ("etc", "state", "log", "run", "shared", "scripts", *(f"spool-{n}" for n in NODES)):
         (base / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(base, 0o755)
     os.chmod(base / "shared", 0o1777)
-    cluster = Cluster(base)
+    cluster = Cluster(base, install)
+    if not install.is_host:
+        write_shims(cluster.shim_dir, install)
     key = base / "etc" / "munge.key"
     if not key.exists():
         key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
     ports = _free_ports(1 + len(NODES))
-    version = installed_version()
+    version = installed_version(install)
     conf = render_slurm_conf(base, ports, grace_time=grace_time, cred_expire=cred_expire, version=version)
     cluster.conf_path.write_text(conf)
     (base / "etc" / "plugstack.conf").write_text("")
-    if version >= (24, 5):  # no cgroups here; the option exists from 24.05 (slurm-semantics §8.1)
+    if version.has_cgroup_plugin_disabled:  # no cgroups here; CgroupPlugin=disabled exists from 24.05
         (base / "etc" / "cgroup.conf").write_text("CgroupPlugin=disabled\nIgnoreSystemd=yes\n")
     state = {
         "base_dir": str(base),
@@ -325,6 +492,7 @@ def _start_once(
         "slurm_version": list(version),
         "grace_time": grace_time,
         "cred_expire": cred_expire,
+        **install.to_state(),
         "pids": {},
     }
     _write_json(cluster.state_file, state)
@@ -333,17 +501,17 @@ def _start_once(
     sock = base / "run" / "munge.sock"
     commands = {
         "munged": [
-            _binary("munged"), "-F", "--force", f"--socket={sock}", f"--key-file={key}",
+            install.binary("munged"), "-F", "--force", f"--socket={sock}", f"--key-file={key}",
             f"--pid-file={base / 'run' / 'munged.pid'}", f"--log-file={base / 'log' / 'munged.log'}",
             f"--seed-file={base / 'run' / 'munged.seed'}",
         ],
-        "slurmctld": [_binary("slurmctld"), "-D", "-c", "-i", "-f", str(cluster.conf_path)],
-        **{f"slurmd-{n}": [_binary("slurmd"), "-D", "-N", n, "-f", str(cluster.conf_path)] for n in NODES},
+        "slurmctld": [install.binary("slurmctld"), "-D", "-c", "-i", "-f", str(cluster.conf_path)],
+        **{f"slurmd-{n}": [install.binary("slurmd"), "-D", "-N", n, "-f", str(cluster.conf_path)] for n in NODES},
     }
     deadline = time.monotonic() + timeout
     try:
         for name, argv in commands.items():
-            state["pids"][name] = _spawn(argv, daemon_env, base / "log" / f"{name}.stderr", die_with_owner)
+            state["pids"][name] = _spawn(install.prefix() + argv, daemon_env, base / "log" / f"{name}.stderr", die_with_owner)
             _write_json(cluster.state_file, state)
             if name == "munged":
                 _wait_for(lambda: sock.exists(), deadline, "munged did not create its socket", cluster)
@@ -357,20 +525,37 @@ def _start_once(
     return cluster
 
 
-def installed_version() -> tuple[int, int, int]:
+def installed_version(install: SlurmInstall = HOST) -> SlurmVersion:
     """The installed slurmctld's version (``slurmctld -V`` needs no config)."""
-    proc = subprocess.run([_binary("slurmctld"), "-V"], capture_output=True, text=True, timeout=20)
+    proc = subprocess.run([*install.prefix(), install.binary("slurmctld"), "-V"], capture_output=True, text=True,
+                          timeout=20)
     return parse_version(proc.stdout + proc.stderr)
 
 
+def write_shims(shim_dir: Path, install: SlurmInstall) -> None:
+    """One tiny script per client command, running the root's command through enter.sh."""
+    shim_dir.mkdir(parents=True, exist_ok=True)
+    for name in CLIENT_COMMANDS:
+        try:
+            inside = install.binary(name)
+        except ClusterError:
+            continue
+        words = " ".join(shlex.quote(w) for w in [*install.prefix(), inside])
+        path = shim_dir / name
+        path.write_text(f'#!/bin/sh\n# {name} of {install.root}\nexec {words} "$@"\n')
+        path.chmod(0o755)
+
+
 def render_slurm_conf(
-    base: Path, ports: Sequence[int], grace_time: int, cred_expire: int, version: tuple[int, int, int] = (22, 5, 8)
+    base: Path, ports: Sequence[int], grace_time: int, cred_expire: int,
+    version: SlurmVersion | tuple[int, int, int] = (22, 5, 8),
 ) -> str:
-    """The slurm.conf of the throwaway cluster (DESIGN.md §10). Verified on 22.05.8; the lines that
-    change with the release follow research/slurm-semantics.md §8 (unverified there)."""
+    """The slurm.conf of the throwaway cluster, verified on 22.05.8, 24.11.5 and 26.05.5; the lines
+    that change with the release are picked by SlurmVersion capabilities (docs/slurm-versions.md)."""
     host = socket.gethostname().split(".")[0]
-    task_plugin = "TaskPlugin=task/none" if version < (23, 11) else "# TaskPlugin: task/none is gone from 23.11"
-    requeue_delay = f",requeue_delay={int(cred_expire)}" if version >= (25, 11) else ""
+    version = SlurmVersion.of(version)
+    task_plugin = "TaskPlugin=task/none" if version.has_task_none_plugin else "# TaskPlugin: task/none is gone from 23.11"
+    requeue_delay = f",requeue_delay={int(cred_expire)}" if version.requeue_delay_setting else ""
     extra = (
         f"PartitionName=extra Nodes=ALL Default=YES PriorityTier=1 PreemptMode=REQUEUE GraceTime={int(grace_time)}"
         " MaxTime=INFINITE State=UP"
@@ -398,7 +583,7 @@ SlurmdLogFile={base}/log/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
 PlugStackConfig={base}/etc/plugstack.conf
-MailProg={shutil.which("true") or "/bin/true"}
+MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
 {task_plugin}
 JobAcctGatherType=jobacct_gather/none
@@ -629,19 +814,21 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / MANUAL_DIR_NAME)
     parser.add_argument("--grace", type=int, default=DEFAULT_GRACE, help="GraceTime of partition extra (s)")
     parser.add_argument("--keep", action="store_true", help="stop: keep the directory (logs, state)")
+    parser.add_argument("--slurm", default="host",
+                        help=f"start: host (default) or a root's version ({', '.join(sorted(ROOT_VERSIONS))})")
     args = parser.parse_args(argv)
     base = args.dir.resolve()
     if args.action == "start":
         if Cluster(base).alive():
-            print(f"already running in {base}\nexport SLURM_CONF={base / 'etc' / 'slurm.conf'}")
+            print(f"already running in {base}\n{_export_line(Cluster(base))}")
             return 0
         try:
-            cluster = start_cluster(base, grace_time=args.grace)
+            cluster = start_cluster(base, grace_time=args.grace, install=install_for(args.slurm))
         except ClusterError as exc:
             print(f"slurm_cluster: could not start: {exc}", file=sys.stderr)
             return 1
-        print(f"cluster up in {base} (nodes {', '.join(NODES)}; partitions extra, own)")
-        print(f"export SLURM_CONF={cluster.conf_path}")
+        print(f"Slurm {cluster.label} cluster up in {base} (nodes {', '.join(NODES)}; partitions extra, own)")
+        print(_export_line(cluster))
         return 0
     if args.action == "stop":
         stop_cluster_dir(base, keep=args.keep)
@@ -651,9 +838,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if not cluster.alive():
         print(f"not running ({base})")
         return 1
-    print(f"running in {base}: nodes {cluster.node_states()} jobs {cluster.queued_jobs()}")
-    print(f"export SLURM_CONF={cluster.conf_path}")
+    print(f"Slurm {cluster.label} running in {base}: nodes {cluster.node_states()} jobs {cluster.queued_jobs()}")
+    print(_export_line(cluster))
     return 0
+
+
+def _export_line(cluster: Cluster) -> str:
+    if cluster.install.is_host:
+        return f"export SLURM_CONF={cluster.conf_path}"
+    return f"export SLURM_CONF={cluster.conf_path} PATH={cluster.shim_dir}:$PATH SLURM_ROOT_SHIMS={cluster.shim_dir}"
 
 
 if __name__ == "__main__":

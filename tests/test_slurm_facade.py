@@ -1,11 +1,15 @@
 """The Slurm facade without a cluster: parsers on literal outputs captured from a real Slurm 22.05.8
-(tests/data/slurm/, re-capture with tests/data/slurm/capture.py), the job environment, the requeue
-policy, backend choice, and the CLI seam's failure handling with stand-in commands.
+(tests/data/slurm/, re-capture with tests/data/slurm/capture.py) and, for the stop causes, from
+22.05.8, 24.11.5 and 26.05.5 (tests/data/slurm/<release>/, ``capture.py --stops``), the job
+environment, the requeue policy, versions and their capabilities, stop causes, holds, backend
+choice, and the CLI seam's failure handling with stand-in commands.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
+import time
 import types
 from pathlib import Path
 
@@ -16,9 +20,13 @@ from supervisor.slurm import (
     PyslurmBackend,
     SlurmCli,
     SlurmEnv,
+    SlurmVersion,
+    SlurmVersionError,
+    StopCause,
     get_backend,
     needs_explicit_requeue,
     requeue_need,
+    stop_cause,
 )
 from supervisor.slurm.cli_backend import is_transient, slurm_error
 from supervisor.slurm.parse import (
@@ -26,6 +34,7 @@ from supervisor.slurm.parse import (
     expand_hostlist,
     parse_duration,
     parse_fields,
+    parse_json_state,
     parse_sbatch_job_id,
     parse_scontrol_job,
     parse_scontrol_jobs,
@@ -379,3 +388,224 @@ def test_pyslurm_backend_maps_jobs_and_requeues_idempotently() -> None:
     assert backend.job_info(8) is None
     first, second = backend.requeue(7, expected_restarts=0), backend.requeue(7, expected_restarts=0)
     assert first.requeued and second.already and module.requeued == [7]
+
+
+# ---- versions, stop causes, holds (issue #15): outputs captured on 22.05.8, 24.11.5 and 26.05.5 ------
+# tests/data/slurm/<release>/ was written by `capture.py --stops --slurm <release>` on the real
+# throwaway clusters (the host's 22.05, and the trixie/sid roots of tests/slurm_roots/).
+RELEASES = ("22.05", "24.11", "26.05")
+STOP_OUTPUTS = sorted(p for r in RELEASES for p in (DATA / r).glob("*.txt") if p.name != "version.txt")
+
+
+def captured(release: str, name: str, with_flags: bool = True):
+    """A captured job, with the full state from the --json capture beside it (what the CLI backend
+    adds for a COMPLETING job on 23.02+)."""
+    info = parse_scontrol_job((DATA / release / f"{name}.txt").read_text())
+    flags_file = DATA / release / f"{name}.json"
+    if with_flags and flags_file.exists():
+        info = dataclasses.replace(info, state_flags=parse_json_state(flags_file.read_text(), info.job_id))
+    return info
+
+
+def release_version(release: str) -> SlurmVersion:
+    return SlurmVersion.parse((DATA / release / "version.txt").read_text())
+
+
+def at_end(info, plus: float = 0.5) -> float:
+    """A moment just after the record's EndTime (the kill window), or now when it has none."""
+    return (info.end_time + plus) if info.end_time is not None else time.time()
+
+
+def test_versions_parse_compare_like_tuples_and_name_their_capabilities() -> None:
+    v22, v24, v26 = (release_version(r) for r in RELEASES)
+    assert (v22, v24, v26) == ((22, 5, 8), (24, 11, 5), (26, 5, 5))
+    assert str(v24) == "24.11.5" and v24.release == "24.11" and v22[:2] == (22, 5)
+    assert parse_version("slurm 24.05.0-0rc1") == SlurmVersion(24, 5, 0) and v22 >= (22, 5) and v24 > (24, 5)
+    assert SlurmVersion.of([23, 11]) == (23, 11, 0) and SlurmVersion.of("slurm-wlm 26.05.5") == v26
+    assert [v.requeues_on_exit_during_grace for v in (v22, v24, v26)] == [False, True, True]
+    assert [v.holds_after_max_batch_requeue for v in (v22, v24, v26)] == [False, True, True]
+    assert [v.may_requeue_again_after_grace_expiry for v in (v22, v24, v26)] == [False, True, False]
+    assert [v.scontrol_json for v in (v22, v24, v26)] == [False, True, True]
+    assert [v.requeue_delay_setting for v in (v22, v24, v26)] == [False, False, True]
+    assert not v26.restart_count_always_set and SlurmVersion(26, 11).restart_count_always_set
+    with pytest.raises(SlurmVersionError):
+        SlurmVersion.parse("no version here")
+    # the requeue policy asks the capability, whatever form the version comes in
+    assert needs_explicit_requeue(v22, "preempted") and not needs_explicit_requeue(v24, "preempted")
+    assert not needs_explicit_requeue([26, 5, 5], "preempted")
+
+
+@pytest.mark.parametrize("path", STOP_OUTPUTS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_captured_stop_output_parses(path: Path) -> None:
+    jobs = parse_scontrol_jobs(path.read_text())
+    assert jobs and all(j.job_id > 0 and j.state.isupper() for j in jobs)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_cancel_in_its_kill_window_is_a_persons_final_stop_on_every_version(release: str) -> None:
+    """During the kill window the text says COMPLETING on every version; 24.11/26.05 --json says
+    CANCELLED+COMPLETING; 22.05 has no --json, and its COMPLETING record ended long before its time
+    limit with no PreemptTime. Afterwards every version says CANCELLED."""
+    window = captured(release, "cancel_kill_window")
+    assert window.state == "COMPLETING" and window.preempt_time is None
+    assert window.is_cancelled is (release != "22.05")  # seen in the full state where there is one
+    if release != "22.05":
+        assert window.state_flags == ("CANCELLED", "COMPLETING")
+    for info in (window, captured(release, "cancel_done")):
+        verdict = stop_cause(info, at_end(info), "TERM", version=release_version(release), expected_restarts=0)
+        assert verdict.cause is StopCause.CANCELLED_BY_PERSON and verdict.final, verdict
+        assert verdict.slurm_requeues is False and not verdict.may_requeue
+    assert captured(release, "cancel_done").is_cancelled
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_scancel_signal_term_leaves_the_job_running_so_the_signal_is_a_persons(release: str) -> None:
+    info = captured(release, "signal_term_running")
+    assert info.state == "RUNNING" and info.preempt_time is None and not info.is_cancelled
+    verdict = stop_cause(info, info.start_time + 2, "SIGTERM", version=release_version(release), expected_restarts=0)
+    assert verdict.cause is StopCause.CANCELLED_BY_PERSON and verdict.final
+    assert verdict.recheck_after  # the record could lag a preemption: read it once more first
+    quiet = stop_cause(info, info.start_time + 2, None, version=release_version(release), expected_restarts=0)
+    assert quiet.cause is StopCause.UNKNOWN and not quiet.final  # no signal: the child's own exit decides
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_preempted_job_in_grace_and_what_slurm_does_when_it_exits_now(release: str) -> None:
+    info = captured(release, "grace")
+    assert info.state == "RUNNING" and info.preempt_time is not None and info.in_grace
+    # 22.05 pulls EndTime in to PreemptTime + GraceTime at once; 24.11/26.05 show EndTime=Unknown
+    # for a job without a time limit at that moment (it is filled in a little later).
+    assert (info.end_time == info.preempt_time + 5) if release == "22.05" else info.end_time is None
+    verdict = stop_cause(info, info.preempt_time + 1, "TERM", version=release_version(release), expected_restarts=0)
+    assert verdict.cause is StopCause.PREEMPTED and not verdict.final
+    assert verdict.slurm_requeues is (release != "22.05")
+    assert verdict.may_requeue is (release == "22.05")
+    unknown = stop_cause(info, info.preempt_time + 1, "TERM", expected_restarts=0)
+    assert unknown.cause is StopCause.PREEMPTED and unknown.slurm_requeues is None
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_exit_during_grace_ends_the_job_on_22_05_and_requeues_it_from_24_05(release: str) -> None:
+    after = captured(release, "grace_after")
+    if release == "22.05":
+        assert (after.state, after.restarts) == ("COMPLETED", 0) and after.preempt_time is not None
+    else:  # requeued through the batch-requeue path: BatchFlag counts it (toward MaxBatchRequeue)
+        assert (after.state, after.restarts, after.batch_flag) == ("PENDING", 1, 2)
+        verdict = stop_cause(after, time.time(), "TERM", version=release_version(release), expected_restarts=0)
+        assert verdict.cause is StopCause.REQUEUED and not verdict.may_requeue
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_time_limit_in_its_kill_window(release: str) -> None:
+    info = captured(release, "timeout_kill_window")
+    assert info.state == "COMPLETING" and info.reason == "TimeLimit"
+    assert ("TIMEOUT" in info.state_flags) is (release != "22.05")
+    verdict = stop_cause(info, at_end(info), "TERM", version=release_version(release), expected_restarts=0)
+    assert verdict.cause is StopCause.TIME_LIMIT and verdict.slurm_requeues is False and not verdict.final
+    done = captured(release, "timeout")
+    assert stop_cause(done, at_end(done), "TERM", expected_restarts=0).cause is StopCause.TIME_LIMIT
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_a_node_set_down_under_the_job_is_requeued_by_slurm_at_once(release: str) -> None:
+    info = captured(release, "node_down")
+    assert info.state == "PENDING" and info.restarts == 1 and info.nodes is None
+    requeued = stop_cause(info, time.time(), "TERM", version=release_version(release), expected_restarts=0)
+    assert requeued.cause is StopCause.REQUEUED and not requeued.may_requeue
+    node = stop_cause(info, time.time(), "TERM", version=release_version(release), expected_restarts=0,
+                      node_states={"n2": "DOWN+NOT_RESPONDING", "n1": "IDLE"})
+    assert node.cause is StopCause.NODE_FAILURE and node.slurm_requeues is True and not node.may_requeue
+    assert "n2" in node.reason
+
+
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_the_hold_after_max_batch_requeue_and_its_release(release: str) -> None:
+    held = captured(release, "held_max_requeue")
+    assert held.state == "REQUEUE_HOLD" and held.priority == 0
+    assert held.reason == "launch_failure_limit_exceeded_requeued_held"
+    assert held.is_held and held.held_for_max_requeue and held.is_pending
+    verdict = stop_cause(held, time.time(), "TERM", version=release_version(release), expected_restarts=4)
+    assert verdict.cause is StopCause.REQUEUED and "HELD" in verdict.reason and verdict.fields["held"]
+    released = captured(release, "released")
+    assert not released.is_held and not released.held_for_max_requeue and released.priority == 1
+
+
+def test_the_time_limit_warning_signal_and_an_ended_limit_without_a_record_state() -> None:
+    info = job("running.txt")
+    warning = stop_cause(info, info.start_time + 5, "USR1", expected_restarts=0)
+    assert warning.cause is StopCause.TIME_LIMIT and not warning.final and warning.slurm_requeues is False
+    limit = dataclasses.replace(info, end_time=info.start_time + 60, time_limit=60)
+    assert stop_cause(limit, info.start_time + 61, "TERM", expected_restarts=0).cause is StopCause.TIME_LIMIT
+    assert stop_cause(None, 0.0, "TERM").cause is StopCause.UNKNOWN
+    assert stop_cause(info, info.start_time + 5, "TERM", time_limit_signal=None).final  # TERM, RUNNING: a person
+
+
+def test_a_running_job_requeued_by_scontrol_is_already_requeued_not_cancelled() -> None:
+    info = job("requeued_completing.txt")  # 22.05: COMPLETING, Restarts=1, EndTime cleared
+    for expected in (0, None):
+        verdict = stop_cause(info, time.time(), "TERM", expected_restarts=expected)
+        assert verdict.cause is StopCause.REQUEUED and not verdict.final and not verdict.may_requeue
+    assert stop_cause(job("preempted_pending.txt"), time.time(), "TERM").cause is StopCause.REQUEUED
+
+
+def test_stop_verdict_event_fields() -> None:
+    verdict = stop_cause(captured("24.11", "cancel_kill_window"), time.time(), "TERM", version="24.11")
+    event = verdict.to_event()
+    assert event["cause"] == "cancelled_by_person" and event["final"] is True and event["job_state"] == "COMPLETING"
+
+
+def test_json_state_forms() -> None:
+    assert parse_json_state('{"jobs": [{"job_id": 3, "job_state": ["CANCELLED", "COMPLETING"]}]}', 3) == (
+        "CANCELLED", "COMPLETING")
+    assert parse_json_state('{"jobs": [{"job_id": 3, "job_state": "CANCELLED+COMPLETING"}]}') == (
+        "CANCELLED", "COMPLETING")
+    assert parse_json_state('{"jobs": []}', 3) == ()
+    with pytest.raises(SlurmParseError):
+        parse_json_state("scontrol: error")
+
+
+def fake_scontrol(bin_dir: Path, release: str, name: str, calls: Path) -> None:
+    """An scontrol that answers like the captured one: --version, show job -o, show job --json."""
+    text = DATA / release / f"{name}.txt"
+    flags = DATA / release / f"{name}.json"
+    cat = shutil.which("cat")
+    make_command(bin_dir, "scontrol", f"""echo "$@" >> {calls}
+case "$*" in
+  --version) {cat} {DATA / release / 'version.txt'} ;;
+  *--json*) {cat} {flags} ;;
+  "show job -o"*) {cat} {text} ;;
+  release*) exit 0 ;;
+  *) echo "unexpected: $*" >&2; exit 1 ;;
+esac
+""")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_cli_backend_reads_the_full_state_of_a_completing_job_where_slurm_has_json(tmp_path: Path,
+                                                                                  release: str) -> None:
+    calls = tmp_path / "calls"
+    fake_scontrol(tmp_path / "bin", release, "cancel_kill_window", calls)
+    cli = SlurmCli(env={"PATH": str(tmp_path / "bin")})
+    info = cli.job_info(2)
+    assert info.state == "COMPLETING" and info.is_cancelled is (release != "22.05")
+    assert cli.version() == release_version(release)
+    assert ("--json" in calls.read_text()) is (release != "22.05")  # 22.05 has none: never asked
+
+
+def test_cli_backend_releases_only_a_held_job(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    fake_scontrol(tmp_path / "bin", "24.11", "held_max_requeue", calls)
+    assert SlurmCli(env={"PATH": str(tmp_path / "bin")}).release(7) is True
+    assert "release 7" in calls.read_text()
+    calls2 = tmp_path / "calls2"
+    fake_scontrol(tmp_path / "bin2", "24.11", "released", calls2)
+    assert SlurmCli(env={"PATH": str(tmp_path / "bin2")}).release(7) is False
+    assert "release" not in calls2.read_text().replace("show job", "")
+
+
+def test_cli_backend_node_state(tmp_path: Path) -> None:
+    make_command(tmp_path / "bin", "scontrol",
+                 'echo "NodeName=n2 Arch=x86_64 CoresPerSocket=1 State=DOWN+NOT_RESPONDING ThreadsPerCore=1 Reason=test"\n')
+    assert SlurmCli(env={"PATH": str(tmp_path / "bin")}).node_state("n2") == "DOWN+NOT_RESPONDING"
+    with pytest.raises(SlurmError, match="not a node name"):
+        SlurmCli(env={"PATH": str(tmp_path / "bin")}).node_state("n2; rm -rf /")

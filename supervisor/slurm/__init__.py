@@ -4,7 +4,11 @@
     env = SlurmEnv.from_environ(os.environ)
     slurm = get_backend()                 # pyslurm where it imports, else the CLI (any version)
     info = slurm.job_info(env.job_id)     # JobInfo | None; info.grace_deadline during grace
+    version = slurm.version()             # SlurmVersion: .requeues_on_exit_during_grace, ...
+    verdict = stop_cause(info, time.time(), "TERM", version=version, expected_restarts=env.restart_count)
+    verdict.cause                         # StopCause.PREEMPTED / TIME_LIMIT / CANCELLED_BY_PERSON / ...
     slurm.requeue(env.job_id, expected_restarts=env.restart_count, exclude=[env.nodename])
+    slurm.release(env.job_id)             # a job held after MaxBatchRequeue (info.held_for_max_requeue)
 
 Backends raise :class:`supervisor.errors.SlurmError` (``argv``, ``returncode``, ``stderr``).
 """
@@ -22,6 +26,8 @@ from .env import SlurmEnv
 from .parse import JobInfo, expand_hostlist, parse_sbatch_job_id, parse_scontrol_job, parse_version
 from .pyslurm_backend import PyslurmBackend, load_pyslurm
 from .requeue_policy import RequeueNeed, needs_explicit_requeue, requeue_need
+from .stop_cause import StopCause, StopVerdict, stop_cause
+from .version import SlurmVersion, SlurmVersionError
 
 BACKEND_CHOICES = ("auto", "cli", "pyslurm")
 
@@ -34,6 +40,10 @@ __all__ = [
     "SlurmBackend",
     "SlurmCli",
     "SlurmEnv",
+    "SlurmVersion",
+    "SlurmVersionError",
+    "StopCause",
+    "StopVerdict",
     "expand_hostlist",
     "get_backend",
     "needs_explicit_requeue",
@@ -41,6 +51,7 @@ __all__ = [
     "parse_scontrol_job",
     "parse_version",
     "requeue_need",
+    "stop_cause",
 ]
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 from .parse import JobInfo
+from .version import SlurmVersion
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class SlurmBackend(Protocol):
 
     name: str
 
-    def version(self) -> tuple[int, int, int]: ...
+    def version(self) -> SlurmVersion: ...  # a (major, minor, patch) tuple with capability properties
 
     def job_info(self, job_id: int | str) -> JobInfo | None: ...
 
@@ -43,5 +44,7 @@ class SlurmBackend(Protocol):
     def submit(self, script_path: str, extra_args: Sequence[str] = ()) -> int: ...
 
     def cancel(self, job_id: int | str) -> None: ...
+
+    def release(self, job_id: int | str) -> bool: ...  # scontrol release of a held job; False if not held
 
     def queue_state(self, job_id: int | str) -> str | None: ...

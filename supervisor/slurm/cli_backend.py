@@ -1,4 +1,4 @@
-"""Slurm through its command-line tools: works with every Slurm version (DESIGN.md §2).
+"""Slurm through its command-line tools: works with every Slurm version.
 
 All subprocesses go through one seam, :meth:`SlurmCli.run`: argv lists only, never a shell, a
 timeout on every call, and retries with backoff (tenacity) for the failures a busy or restarting
@@ -7,6 +7,7 @@ controller produces. A command that hangs is killed at its timeout and counts as
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -19,8 +20,9 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from ..errors import SlurmError
 from .backend import RequeueResult
-from .parse import JobInfo, SlurmParseError, parse_sbatch_job_id, parse_scontrol_job, parse_version
+from .parse import JobInfo, SlurmParseError, parse_fields, parse_json_state, parse_sbatch_job_id, parse_scontrol_job, parse_version
 from .requeue_policy import ALREADY_PENDING_MESSAGE, check_requeue
+from .version import SlurmVersion
 
 log = logging.getLogger("supervisor.slurm")
 
@@ -77,7 +79,7 @@ class SlurmCli:
         self.attempts = max(1, attempts)
         self.backoff = backoff
         self.max_backoff = max_backoff
-        self._version: tuple[int, int, int] | None = None
+        self._version: SlurmVersion | None = None
 
     # ---- the one subprocess seam -------------------------------------------------------------
     def run(self, argv: Sequence[str], timeout: float | None = None, idempotent: bool = True) -> str:
@@ -146,8 +148,8 @@ class SlurmCli:
         return found
 
     # ---- queries ---------------------------------------------------------------------------------
-    def version(self) -> tuple[int, int, int]:
-        """(major, minor, patch) of the Slurm client tools, e.g. (22, 5, 8)."""
+    def version(self) -> SlurmVersion:
+        """The Slurm client tools' version, e.g. SlurmVersion(22, 5, 8) (a tuple; asked once)."""
         if self._version is None:
             argv = ["scontrol", "--version"]
             try:
@@ -168,9 +170,39 @@ class SlurmCli:
         if not text.strip():
             return None
         try:
-            return parse_scontrol_job(text, job_id)
+            info = parse_scontrol_job(text, job_id)
         except SlurmParseError as exc:
             raise slurm_error(argv, str(exc)) from exc
+        if info.state == "COMPLETING":
+            info = self._with_state_flags(info)
+        return info
+
+    def _with_state_flags(self, info: JobInfo) -> JobInfo:
+        """A COMPLETING job's text hides why it is ending (24.11/26.05 show COMPLETING through a
+        cancel's kill window); 23.02+ ``--json`` has the full state, e.g. CANCELLED+COMPLETING."""
+        try:
+            if not self.version().scontrol_json:
+                return info
+            argv = ["scontrol", "show", "job", "--json", str(info.job_id)]
+            flags = parse_json_state(self.run(argv), info.job_id)
+        except (SlurmError, SlurmParseError) as exc:
+            log.warning("slurm: could not read the full state of job %s: %s", info.job_id, exc)
+            return info
+        return dataclasses.replace(info, state_flags=flags) if flags else info
+
+    def node_state(self, node: str) -> str | None:
+        """The node's State as ``scontrol show node`` prints it (``IDLE``, ``ALLOCATED``,
+        ``DOWN+NOT_RESPONDING``, ``MIXED+DRAIN``...); None when Slurm does not know the node."""
+        if not _NODE_NAME.match(node or ""):
+            raise slurm_error(["scontrol", "show", "node", str(node)], f"not a node name: {node!r}")
+        argv = ["scontrol", "show", "node", "-o", node]
+        try:
+            text = self.run(argv)
+        except SlurmError as err:
+            if "not found" in (getattr(err, "stderr", "") or "").lower():
+                return None
+            raise
+        return parse_fields(text.splitlines()[0]).get("State") if text.strip() else None
 
     def queue_state(self, job_id: int | str) -> str | None:
         """JobState from squeue (e.g. RUNNING, PENDING, COMPLETED); None once Slurm forgot the job."""
@@ -260,6 +292,16 @@ class SlurmCli:
     def cancel(self, job_id: int | str) -> None:
         """``scancel`` (tests and explicit user commands only: the supervisor never cancels a job)."""
         self.run(["scancel", str(job_id)])
+
+    def release(self, job_id: int | str) -> bool:
+        """``scontrol release``: let a held job run again (a hold after MaxBatchRequeue, or a
+        user hold). True when it was held and is released; False when it was not held."""
+        job = str(job_id)
+        info = self.job_info(job)
+        if info is None or not info.is_held:
+            return False
+        self.run(["scontrol", "release", job])
+        return True
 
     @staticmethod
     def _explain_requeue_error(argv: list[str], err: SlurmError) -> SlurmError:

@@ -61,7 +61,7 @@ class SlurmEnv:
 
     @property
     def in_step(self) -> bool:
-        """Inside an ``srun`` step: the only processes Slurm signals at grace start (DESIGN.md §5)."""
+        """Inside an ``srun`` step: the only processes Slurm signals at grace start."""
         return self.step_id is not None and self.step_id not in _NOT_A_STEP
 
     @property

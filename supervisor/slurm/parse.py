@@ -1,7 +1,7 @@
 """Pure parsers for Slurm's text output. No I/O, no clock: text in, frozen data out.
 
 Text is the one interface every Slurm version has (22.05's JSON is unfilterable and gets exit codes
-wrong, research/slurm-semantics.md §5), so the supervisor reads ``scontrol show job -o``.
+wrong, docs/slurm-versions.md), so the supervisor reads ``scontrol show job -o``.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
+
+from .version import SlurmVersion, SlurmVersionError
 
 # States after which the job will not run again by itself (it may still be requeued by hand).
 FINISHED_STATES = frozenset(
@@ -31,11 +33,17 @@ FINISHED_STATES = frozenset(
 # requeued job is being cleaned up, before it turns PENDING.
 WAITING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"})
 ACTIVE_STATES = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SIGNALING", "STAGE_OUT", "RESIZING"})
+# Reasons of a held job (Priority=0 until `scontrol release`).
+HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "JobHoldMaxRequeue", "launch_failed_requeued_held"})
+# The hold Slurm applies after more than MaxBatchRequeue batch requeues, in the spellings scontrol
+# and the docs use (lower-cased, spaces as underscores).
+MAX_REQUEUE_HOLD_REASONS = frozenset(
+    {"jobholdmaxrequeue", "launch_failed_requeued_held", "launch_failure_limit_exceeded_requeued_held"}
+)
 
 _NONE_WORDS = frozenset({"", "None", "Unknown", "(null)", "N/A", "n/a", "NONE"})
 _KEY_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_:/]*=")
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"
-_VERSION_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 _JOB_ID_RE = re.compile(r"^(\d+)(?:;\S+)?$")
 _SUBMITTED_RE = re.compile(r"Submitted batch job (\d+)")
 
@@ -75,6 +83,11 @@ class JobInfo:
     work_dir: str | None = None
     array_job_id: int | None = None
     array_task_id: int | None = None
+    priority: int | None = None  # Priority; 0 while held
+    # The full state where Slurm shows more than JobState's one word: ``scontrol show job --json``
+    # (23.02+) gives e.g. ("CANCELLED", "COMPLETING") during a cancel's kill window, where the text
+    # says only COMPLETING. Empty when only the text was read.
+    state_flags: tuple[str, ...] = ()
     raw: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -107,6 +120,36 @@ class JobInfo:
     def grace_deadline(self) -> float | None:
         """EndTime while in grace (Slurm pulls it in to PreemptTime + GraceTime), else None."""
         return self.end_time if self.in_grace else None
+
+    def has_state(self, name: str) -> bool:
+        """JobState is ``name``, or the full state (``state_flags``) holds it."""
+        return self.state == name or self.state.startswith(name + "+") or name in self.state_flags
+
+    @property
+    def is_cancelled(self) -> bool:
+        """``scancel`` (by a person, or an admin). While the job's processes are still being killed
+        (the kill window) the text of 24.11/26.05 says only JobState=COMPLETING; the cancel shows in
+        the full state (``state_flags``, read from ``--json`` by the CLI backend then) and, once the
+        job is gone, as JobState=CANCELLED (tests/data/slurm/<release>/cancel_*)."""
+        return self.has_state("CANCELLED")
+
+    @property
+    def is_held(self) -> bool:
+        """Pending and held: it will not start until someone runs ``scontrol release``."""
+        return self.state in WAITING_STATES and (
+            self.priority == 0 or (self.reason or "") in HOLD_REASONS or self.held_for_max_requeue
+        )
+
+    @property
+    def held_for_max_requeue(self) -> bool:
+        """Held by Slurm after more than MaxBatchRequeue batch requeues (``JobHoldMaxRequeue``;
+        scontrol prints the reason as ``launch_failed_requeued_held``)."""
+        reason = (self.reason or "").lower().replace(" ", "_")
+        return reason in MAX_REQUEUE_HOLD_REASONS
+
+    def seconds_left(self, now: float) -> float | None:
+        """Seconds until EndTime (the time limit, or the grace deadline in grace); None if unknown."""
+        return None if self.end_time is None else self.end_time - now
 
 
 def parse_fields(line: str) -> dict[str, str]:
@@ -182,6 +225,7 @@ def job_info_from_fields(fields: Mapping[str, str]) -> JobInfo:
         work_dir=_text(fields.get("WorkDir")),
         array_job_id=_int_or_none(fields.get("ArrayJobId")),
         array_task_id=_int_or_none(fields.get("ArrayTaskId")),
+        priority=_int_or_none(fields.get("Priority")),
         raw=MappingProxyType(dict(fields)),
     )
 
@@ -214,6 +258,30 @@ def parse_duration(value: str | None) -> int | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+def parse_json_state(text: str, job_id: int | str | None = None) -> tuple[str, ...]:
+    """The full job state from ``scontrol show job --json`` (23.02+): ``["CANCELLED", "COMPLETING"]``
+    (data_parser v0.0.40+, a list) or ``"CANCELLED"`` / ``"CANCELLED+COMPLETING"`` (a string).
+    Empty when the text holds no such job."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise SlurmParseError(f"scontrol --json printed no JSON: {text.strip()[:120]!r}") from exc
+    jobs = data.get("jobs") if isinstance(data, dict) else None
+    for entry in jobs or []:
+        if not isinstance(entry, dict):
+            continue
+        if job_id is not None and str(entry.get("job_id")) != str(job_id):
+            continue
+        value = entry.get("job_state")
+        if isinstance(value, list):
+            return tuple(str(v).upper() for v in value)
+        if isinstance(value, str):
+            return tuple(part.upper() for part in re.split(r"[+,\s]+", value) if part)
+    return ()
+
+
 def parse_sbatch_job_id(text: str) -> int:
     """The job id from ``sbatch --parsable`` (``123`` or ``123;cluster``) or plain sbatch output."""
     for line in reversed(text.strip().splitlines()):
@@ -224,12 +292,13 @@ def parse_sbatch_job_id(text: str) -> int:
     raise SlurmParseError(f"no job id in sbatch output: {text.strip()[:200]!r}")
 
 
-def parse_version(text: str) -> tuple[int, int, int]:
-    """``slurm 22.05.8`` / ``slurm-wlm 22.05.8`` / ``slurm 24.05.0-0rc1`` to (major, minor, patch)."""
-    match = _VERSION_RE.search(text)
-    if not match:
-        raise SlurmParseError(f"no Slurm version in {text.strip()[:120]!r}")
-    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+def parse_version(text: str) -> SlurmVersion:
+    """``slurm 22.05.8`` / ``slurm-wlm 22.05.8`` / ``slurm 24.05.0-0rc1`` to a :class:`SlurmVersion`
+    (a ``(major, minor, patch)`` tuple with capability properties)."""
+    try:
+        return SlurmVersion.parse(text)
+    except SlurmVersionError as exc:
+        raise SlurmParseError(str(exc)) from exc
 
 
 def expand_hostlist(hostlist: str) -> tuple[str, ...]:

@@ -1,7 +1,7 @@
 """Slurm through pyslurm's C-API binding, for sites where a matching pyslurm is installed.
 
 pyslurm builds only against the Slurm release it was made for (PyPI has 25.11 only;
-research/slurm-semantics.md §6), so this module imports it lazily and :func:`load_pyslurm` says
+docs/slurm-versions.md), so this module imports it lazily and :func:`load_pyslurm` says
 why it cannot be used. Written against pyslurm's documented API (22.5.2+ ``pyslurm.Job``):
 ``Job.load``, ``Job.requeue``, ``Job.modify(JobSubmitDescription(excluded_nodes=...))``,
 ``Job.cancel`` and ``RPCError``. Submission goes through ``sbatch`` (pyslurm cannot take sbatch's
@@ -19,6 +19,7 @@ from .backend import RequeueResult
 from .cli_backend import SlurmCli, slurm_error
 from .parse import JobInfo, SlurmParseError, expand_hostlist, parse_version
 from .requeue_policy import ALREADY_PENDING_MESSAGE, check_requeue
+from .version import SlurmVersion
 
 _INVALID_JOB = "Invalid job id"
 
@@ -43,7 +44,7 @@ class PyslurmBackend:
         self._pyslurm = module
         self._cli = cli or SlurmCli()
 
-    def version(self) -> tuple[int, int, int]:
+    def version(self) -> SlurmVersion:
         """pyslurm's version: its major.minor equals the Slurm release it was built against."""
         text = str(getattr(self._pyslurm, "__version__", "") or self._call(["version"], self._pyslurm.version))
         try:
@@ -107,6 +108,13 @@ class PyslurmBackend:
     def cancel(self, job_id: int | str) -> None:
         self._call(["pyslurm.Job.cancel", str(job_id)], self._pyslurm.Job(int(job_id)).cancel)
 
+    def release(self, job_id: int | str) -> bool:
+        info = self.job_info(job_id)
+        if info is None or not info.is_held:
+            return False
+        self._call(["pyslurm.Job.release", str(job_id)], self._pyslurm.Job(int(job_id)).release)
+        return True
+
     def _call(self, argv: list[str], func: Callable[..., Any], *args: Any) -> Any:
         """Run one pyslurm call; its RPCError becomes a SlurmError with the same words as the CLI's."""
         try:
@@ -161,4 +169,5 @@ def job_info_from_pyslurm(job: Any) -> JobInfo:
         work_dir=text("working_directory"),
         array_job_id=get("array_id"),
         array_task_id=get("array_task_id"),
+        priority=get("priority"),
     )

@@ -1,6 +1,6 @@
 """When Slurm requeues a job by itself and when the supervisor must. Pure decisions, no I/O.
 
-Facts (research/slurm-semantics.md §1.5, §3; verified on 22.05.8 by tests/test_slurm_cluster.py):
+Facts (docs/slurm-versions.md; verified on 22.05.8 by tests/test_slurm_cluster.py):
 - a job that exits during its preemption grace is, on 22.05-23.11, simply finished: never requeued;
   on 24.05+ Slurm treats it as preempted and requeues it (PreemptMode=REQUEUE, requeueable job);
 - a job that stays until the grace expires is requeued by Slurm on every version;
@@ -14,12 +14,14 @@ from dataclasses import dataclass
 
 from ..states import FailureClass
 from .parse import JobInfo
+from .version import SlurmVersion
 
 # slurmctld's answer to a requeue of a job that is already requeued, including one still completing
 # its previous run (seen on 22.05.8: "Job is pending execution for job 14" while JobState=COMPLETING).
 ALREADY_PENDING_MESSAGE = "pending execution"
 
-# First release whose slurmctld requeues a job that exits during its grace (commit a689104d15).
+# First release whose slurmctld requeues a job that exits during its grace (commit a689104d15);
+# the capability is SlurmVersion.requeues_on_exit_during_grace.
 GRACE_EXIT_REQUEUE_SINCE = (24, 5)
 
 
@@ -40,7 +42,7 @@ class RequeueCheck:
     reason: str
 
 
-def requeue_need(version: tuple[int, ...] | None, reason: FailureClass | str) -> RequeueNeed:
+def requeue_need(version: SlurmVersion | tuple[int, ...] | None, reason: FailureClass | str) -> RequeueNeed:
     """Will Slurm requeue this job by itself once the supervisor exits (during grace, if preempted)?"""
     cause = _cause(reason)
     if cause == FailureClass.TIME_LIMIT.value:
@@ -49,13 +51,14 @@ def requeue_need(version: tuple[int, ...] | None, reason: FailureClass | str) ->
         return RequeueNeed(True, f"Slurm does not requeue a job that exits after {cause}")
     if version is None:
         return RequeueNeed(True, "Slurm version unknown: requeue explicitly (it is idempotent)")
-    shown = ".".join(str(v) for v in version)
-    if tuple(version[:2]) >= GRACE_EXIT_REQUEUE_SINCE:
-        return RequeueNeed(False, f"Slurm {shown} requeues a preempted job that exits during its grace")
-    return RequeueNeed(True, f"Slurm {shown} (< 24.05) finishes a job that exits during its grace without requeue")
+    known = SlurmVersion.of(version)
+    assert known is not None
+    if known.requeues_on_exit_during_grace:
+        return RequeueNeed(False, f"Slurm {known} requeues a preempted job that exits during its grace")
+    return RequeueNeed(True, f"Slurm {known} (< 24.05) finishes a job that exits during its grace without requeue")
 
 
-def needs_explicit_requeue(version: tuple[int, ...] | None, reason: FailureClass | str) -> bool:
+def needs_explicit_requeue(version: SlurmVersion | tuple[int, ...] | None, reason: FailureClass | str) -> bool:
     """True when Slurm will not requeue the job by itself (see :func:`requeue_need`)."""
     return requeue_need(version, reason).explicit
 
