@@ -17,8 +17,8 @@ import torch
 
 # The checkpoint commands on their own (independent of the other command families) ...
 SUPERVISE = [sys.executable, "-c",
-             "import click; from supervisor.cli.checkpoint_cmds import register\n"
-             "group = click.Group('supervise'); register(group); group()"]
+             ("import click; from supervisor.cli.checkpoint_cmds import register\n"
+              "group = click.Group('supervise'); register(group); group()")]
 # ... and the real console entry point.
 SUPERVISE_MAIN = [sys.executable, "-c", "from supervisor.cli import main; main()"]
 

@@ -55,7 +55,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "step_from_name": ("naming", "step_from_name"),
 }
 
-__all__ = [*sorted(_EXPORTS)]
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 -- built from the export table above
 
 
 def __getattr__(name: str) -> Any:
