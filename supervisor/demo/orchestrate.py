@@ -50,8 +50,8 @@ def run_demo(run_dir: Path, say: Say, steps: int = 100) -> int:
     say(f"demo run directory: {run_dir}")
     say("job 1: training starts; a native segfault is injected at step 25 of attempt 1")
     proc = _supervise(run_dir, steps, {})
-    if _wait_for_step(log_dir, 60, proc, timeout=120):
-        say("job 1: the scheduler preempts the job at step ~60 (SIGTERM to the supervisor)")
+    if _wait_for_step(log_dir, 65, proc, timeout=120):
+        say("job 1: the scheduler preempts the job at step ~65, between saves (SIGTERM to the supervisor)")
         proc.send_signal(signal.SIGTERM)
     code = proc.wait()
     say(f"job 1: supervise exited {code} " + ("(75 = come back later: requeue)" if code == 75 else ""))

@@ -1,0 +1,36 @@
+"""The README's first command runs `supervise demo`; it must show what its help text promises:
+a restart after a real segfault, an emergency save at the preemption, the requeue exit, the
+quarantine of a torn last.ckpt, and the resume from the newest valid step checkpoint."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+def test_demo_shows_restart_emergency_save_requeue_quarantine_and_resume(tmp_path: Path) -> None:
+    run_dir = tmp_path / "demo"
+    res = subprocess.run([sys.executable, "-m", "supervisor", "demo", "--run-dir", str(run_dir)],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    events = [json.loads(line) for line in (run_dir / "supervisor" / "events.jsonl").read_text().splitlines()]
+    by = lambda name: [e for e in events if e["event"] == name]  # noqa: E731
+    ends = [e["class"] for e in by("attempt_end")]
+    assert ends == ["native_crash", "preempted", "completed"], ends
+    assert by("decision")[0]["action"] == "restart"
+    assert [a["decision"] for a in by("arbitration")] == ["emergency_save"]
+    emergency = [s for s in by("save_end") if s["attempt"] == 2][-1]
+    assert by("run_end")[0]["outcome"] == "requeue" and by("run_end")[0]["exit_code"] == 75
+    quarantined = by("quarantine")
+    assert quarantined and Path(quarantined[0]["dest"]).name.startswith("CORRUPT_last.ckpt.")
+    assert Path(quarantined[0]["dest"]).exists()  # renamed aside, never deleted
+    resume = [r for r in by("resume_point") if r["attempt"] == 3][0]
+    assert resume["step"] == emergency["step"] and Path(resume["path"]).name == f"step={emergency['step']}.ckpt"
+    assert "CORRUPT_last.ckpt" in out and "emergency save" in out
