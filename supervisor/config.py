@@ -11,14 +11,16 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
@@ -27,6 +29,8 @@ from .policy import DEFAULT_POLICY, ClassPolicy, policy_for
 from .states import FailureClass
 
 ENV_PREFIX = "SUPERVISE_"
+MAX_CONFIG_INT = 2**53  # larger whole numbers are refused: no setting needs them, arithmetic stays exact
+_KEY_PART = re.compile(r"[a-z_][a-z0-9_]*\Z", re.IGNORECASE | re.ASCII)
 _SIGNAL_NAMES = {"TERM", "INT", "USR1", "USR2", "HUP", "QUIT", "CONT", "ALRM", "URG", "XCPU"}
 
 
@@ -121,7 +125,7 @@ def _plain(value: Any) -> Any:
         return {(k.value if hasattr(k, "value") else k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if hasattr(value, "value") and isinstance(getattr(value, "value"), str):
+    if hasattr(value, "value") and isinstance(value.value, str):
         return value.value
     return value
 
@@ -136,13 +140,37 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
-def _set_dotted(target: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = [p for p in dotted.split(".") if p]
+class _Shown:
+    """A value as an error message shows it: its repr, cut to one readable line."""
+
+    def __init__(self, value: Any, limit: int = 120) -> None:
+        text = repr(value)
+        self._text = text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+    def __repr__(self) -> str:
+        return self._text
+
+
+def _error(key: str, value: Any, allowed: str, source: str = "") -> ConfigError:
+    return ConfigError(key, _Shown(value), allowed, source)
+
+
+def _split_key(dotted: str, source: str, shown: str) -> list[str]:
+    """``budget.max_total_restarts`` -> its parts; a key with an empty or odd part is refused."""
+    parts = dotted.split(".")
+    if not dotted or any(not _KEY_PART.match(part) for part in parts):
+        raise _error(source, shown, "expected KEY=VALUE with a dotted key of letters, digits and '_', "
+                                    "e.g. budget.max_total_restarts=5")
+    return parts
+
+
+def _set_dotted(target: dict[str, Any], dotted: str, value: Any, source: str = "--set", shown: str = "") -> None:
+    parts = _split_key(dotted, source, shown or dotted)
     node = target
     for part in parts[:-1]:
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(dotted, value, f"'{part}' is not a section")
+            raise _error(dotted, value, f"'{part}' is not a section")
     node[parts[-1]] = value
 
 
@@ -150,7 +178,7 @@ def _parse_scalar(text: str) -> Any:
     """Environment and ``--set`` values are YAML scalars: ``5``, ``0.5``, ``true``, ``null``, ``[TERM]``."""
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError, ValueError):  # ValueError: an int of over 4300 digits
         return text
 
 
@@ -169,49 +197,57 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(key, value, "expected true or false", source)
+        raise _error(key, value, "expected true or false", source)
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(key, value, "expected a whole number", source)
+            raise _error(key, value, "expected a whole number", source)
         if value < 0:
-            raise ConfigError(key, value, "expected a number >= 0", source)
+            raise _error(key, value, "expected a number >= 0", source)
+        if value > MAX_CONFIG_INT:
+            raise _error(key, value, f"expected a number <= 2**53 ({MAX_CONFIG_INT})", source)
         return value
     if hint is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(key, value, "expected a number", source)
-        if value < 0 or value != value:
-            raise ConfigError(key, value, "expected a number >= 0", source)
+            raise _error(key, value, "expected a number", source)
+        if isinstance(value, int) and value > MAX_CONFIG_INT:
+            raise _error(key, value, f"expected a number <= 2**53 ({MAX_CONFIG_INT})", source)
+        if not math.isfinite(value):  # .inf / .nan in YAML, "inf" on the command line
+            raise _error(key, value, "expected a finite number (no .inf or .nan)", source)
+        if value < 0:
+            raise _error(key, value, "expected a number >= 0", source)
         return float(value)
     if hint is str:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
         if not isinstance(value, str):
-            raise ConfigError(key, value, "expected a string", source)
+            raise _error(key, value, "expected a string", source)
+        if "\0" in value:
+            raise _error(key, value, "must not contain a NUL character", source)
         return value
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in re.split(r"[,\s]+", value) if v]
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(key, value, "expected a list", source)
+            raise _error(key, value, "expected a list", source)
         return tuple(_coerce(key, v, args[0], source) for v in value)
     if isinstance(hint, type) and issubclass(hint, Enum):
         try:
             return hint(value)
-        except ValueError:
+        except (ValueError, TypeError):  # TypeError: an unhashable value such as a list
             allowed = ", ".join(m.value for m in hint)
-            raise ConfigError(key, value, f"allowed: {allowed}", source) from None
-    raise ConfigError(key, value, f"unsupported type {hint}", source)
+            raise _error(key, value, f"allowed: {allowed}", source) from None
+    raise _error(key, value, f"unsupported type {hint}", source)
 
 
 def _build_dataclass(cls: type, data: Mapping[str, Any], prefix: str, source: str) -> Any:
     if not isinstance(data, Mapping):
-        raise ConfigError(prefix.rstrip(".") or "<top>", data, "expected a mapping of keys", source)
+        raise _error(prefix.rstrip(".") or "<top>", data, "expected a mapping of keys", source)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in known:
             allowed = ", ".join(sorted(known))
-            raise ConfigError(f"{prefix}{key}", data[key], f"unknown key; known keys: {allowed}", source)
+            raise _error(f"{prefix}{key}", data[key], f"unknown key; known keys: {allowed}", source)
     kwargs: dict[str, Any] = {}
     for name in known:
         if name not in data:
@@ -220,7 +256,7 @@ def _build_dataclass(cls: type, data: Mapping[str, Any], prefix: str, source: st
         key = f"{prefix}{name}"
         value = data[name]
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build_dataclass(hint, value or {}, key + ".", source)
+            kwargs[name] = _build_dataclass(hint, {} if value is None else value, key + ".", source)
         elif name == "policy":
             kwargs[name] = _build_policy(value, key, source)
         else:
@@ -233,16 +269,19 @@ def _build_policy(value: Any, key: str, source: str) -> dict[FailureClass, Class
     if value is None:
         return policy
     if not isinstance(value, Mapping):
-        raise ConfigError(key, value, "expected a mapping from failure class to its policy", source)
+        raise _error(key, value, "expected a mapping from failure class to its policy", source)
     for cls_name, entry in value.items():
         try:
             cls = FailureClass(cls_name)
-        except ValueError:
+        except (ValueError, TypeError):
             allowed = ", ".join(c.value for c in FailureClass if c is not FailureClass.COMPLETED)
-            raise ConfigError(f"{key}.{cls_name}", entry, f"unknown failure class; allowed: {allowed}",
-                              source) from None
+            raise _error(f"{key}.{cls_name}", entry, f"unknown failure class; allowed: {allowed}",
+                         source) from None
         if isinstance(entry, str):  # shorthand: "segfault: stop"
             entry = {"action": entry}
+        if entry is not None and not isinstance(entry, Mapping):
+            raise _error(f"{key}.{cls_name}", entry, "expected an action (restart | requeue | stop) or a "
+                                                     "mapping like {action: restart, retries: 3}", source)
         base = _plain(policy[cls]) if cls in policy else {}
         merged = _deep_merge(base, entry or {})
         policy[cls] = _build_dataclass(ClassPolicy, merged, f"{key}.{cls_name}.", source)
@@ -282,23 +321,56 @@ def _validate(cfg: SupervisorConfig) -> None:
         raise ConfigError("max_line_bytes", cfg.max_line_bytes, "expected at least 256")
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last silently, so
+    a second ``policy:`` section would erase the first without a word)."""
+
+
+def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[Any, int] = {}
+    for key_node, _value in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1})",
+                    key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        except TypeError:  # an unhashable key: construct_mapping says so
+            break
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """Load a YAML config file, turning every failure into a one-line :class:`ConfigError`."""
     try:
-        text = Path(path).read_text()
+        raw = Path(path).read_bytes()
     except OSError as exc:
-        raise ConfigError("--config", str(path), f"cannot read the file ({exc.strerror})") from None
+        raise _error("--config", str(path), f"cannot read the file ({exc.strerror or exc})") from None
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise _error("--config", str(path), f"not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); "
+                                            "save the file as UTF-8") from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError("--config", str(path), f"malformed YAML{where}: {problem}") from None
+        problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or "invalid YAML"
+        raise _error("--config", str(path), f"malformed YAML{where}: {problem}") from None
+    except RecursionError:
+        raise _error("--config", str(path), "malformed YAML: nested too deeply") from None
+    except (ValueError, OverflowError) as exc:  # a number PyYAML cannot build (over 4300 digits)
+        raise _error("--config", str(path), f"malformed YAML: {str(exc)[:100]}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError("--config", str(path), "the file must hold a mapping of keys (key: value)")
+        raise _error("--config", str(path), "the file must hold a mapping of keys (key: value)")
     return data
 
 
@@ -309,7 +381,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX) or name in ("SUPERVISE_CONFIG",):
             continue
         dotted = name[len(ENV_PREFIX):].lower().replace("__", ".")
-        _set_dotted(out, dotted, _parse_scalar(raw))
+        _set_dotted(out, dotted, _parse_scalar(raw), source="environment", shown=name)
     return out
 
 
@@ -330,9 +402,9 @@ def load_config(
     flags: dict[str, Any] = {k: v for k, v in (cli or {}).items() if v is not None}
     for item in sets:
         if "=" not in item:
-            raise ConfigError("--set", item, "expected KEY=VALUE, e.g. budget.max_total_restarts=5")
+            raise _error("--set", item, "expected KEY=VALUE, e.g. budget.max_total_restarts=5")
         key, _, raw = item.partition("=")
-        _set_dotted(flags, key.strip(), _parse_scalar(raw))
+        _set_dotted(flags, key.strip(), _parse_scalar(raw), source="--set", shown=item)
     layers.append(("command line", flags))
 
     merged: dict[str, Any] = {}
