@@ -6,7 +6,8 @@ import functools
 import json
 import logging
 import sys
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
