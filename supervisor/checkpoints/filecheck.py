@@ -51,7 +51,7 @@ from .zipcheck import (
 # Scalars copied out of a checkpoint's top-level mapping (DeepSpeed world sizes, steps, versions).
 _FACT_TYPES = (int, str, float, bool)
 _MAX_FACT_TEXT = 256
-_LEGACY_FIRST_READ = 1 << 20
+_LEGACY_FIRST_READ = 256 << 10  # the five pickles of a legacy file are usually a few KB
 
 
 def check_file(path: str, *, deep: bool = False, max_level: int = 3,
