@@ -37,6 +37,8 @@ def main() -> None:
     parser.add_argument("--save-bytes", type=int, default=0)
     parser.add_argument("--ckpt-dir", default="checkpoints")
     parser.add_argument("--ckpt_path", default=None, help="checkpoint to resume from")
+    parser.add_argument("--last-only", action="store_true",
+                        help="keep only last.ckpt, overwritten in place (the single-copy hazard)")
     args = parser.parse_args()
 
     ckpt_dir = Path(args.ckpt_dir)
@@ -72,9 +74,11 @@ def main() -> None:
             state = {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
             if args.save_bytes:
                 state["pad"] = torch.ones(args.save_bytes, dtype=torch.uint8)
-            torch.save(state, ckpt_dir / f"step={step}.ckpt")
+            if not args.last_only:
+                torch.save(state, ckpt_dir / f"step={step}.ckpt")
             torch.save(state, ckpt_dir / "last.ckpt")  # in place: torn if killed mid-write
-            print(f"saved step {step} to {ckpt_dir / f'step={step}.ckpt'}", flush=True)
+            print(f"saved step {step} to {ckpt_dir / ('last.ckpt' if args.last_only else f'step={step}.ckpt')}",
+                  flush=True)
         time.sleep(args.step_time)
     print(f"training complete at step {step}", flush=True)
 

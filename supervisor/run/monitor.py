@@ -60,8 +60,10 @@ def monitor(ctx: RunContext, child: Any, state: AttemptState) -> ChildExit:
         exit_ = tick(ctx, child, state, w)
         if exit_ is not None:
             ctx.waker.wait(0.05)  # datagrams sent just before the exit are still in flight
+            child.finish()  # the output readers have delivered every line
             now = ctx.clock.now()
-            drain_lines(ctx, child, state, w, now)
+            while drain_lines(ctx, child, state, w, now):
+                pass
             drain_control(ctx, child, state, w, now)
             final_rescan(ctx, w.watcher, state, now)
             return exit_
@@ -102,8 +104,10 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
     return None
 
 
-def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
-    for line in child.drain_lines(LINES_PER_TICK):
+def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> int:
+    """Analyse up to LINES_PER_TICK queued output lines; returns how many there were."""
+    lines = child.drain_lines(LINES_PER_TICK)
+    for line in lines:
         match = w.extractor.match(line)
         if match is None or not (0 <= match.value < MAX_STEP):
             continue
@@ -111,6 +115,7 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
             w.progress.observe_counter(match.value, now)  # activity, not the global step
         else:
             observe_step(ctx, child, state, w, match.value, now, "regex")
+    return len(lines)
 
 
 def observe_step(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step: int, now: float,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoints import DirWatcher
-from ..checkpoints.naming import step_from_name
+from ..checkpoints.naming import parse_name, step_from_name
 from ..events import Ev
 from ..preemption import InFlightSave
 from .attempt import AttemptState, SaveRecord
@@ -89,28 +89,35 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
 
 
 def final_rescan(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: float) -> None:
-    """After the child ended: record step checkpoints that landed but were never seen complete.
+    """After the child ended: record checkpoints that landed but were never seen complete.
 
-    Only files newer than the last durable step and not still written to (a file that is torn
-    is the next attempt's resume-point scan's business, which validates it)."""
+    Nobody of this run writes any more, so a checkpoint newer than the last durable step is a save
+    that landed between two polls: a step file, or an in-place ``last.ckpt`` whose embedded step
+    (read by the inert scan, which also proves it structurally whole) is newer. A torn file has
+    no readable step and is left to the next attempt's resume-point scan, which quarantines it."""
     if client_owns_saves(state):
         return
     watch_saves(ctx, watcher, state, now)
     durable = state.last_durable_step
-    seen = {s.path for s in state.saves}
     try:
         entries = list(os.scandir(ctx.layout.ckpt_dir))
     except OSError:
         return
     found: list[tuple[int, str, int]] = []
+    recorded = {(s.path, s.step) for s in state.saves}
     for entry in entries:
-        if entry.name.startswith((".", "CORRUPT_")) or entry.path in seen:
+        if entry.name.startswith((".", "CORRUPT_")):
             continue
-        step = step_from_name(entry.name)
-        if step is None or (durable is not None and step <= durable):
+        named = step_from_name(entry.name)
+        if named is not None and entry.path in {s.path for s in state.saves}:
             continue
-        if state.in_flight is not None and state.in_flight.path == entry.path:
-            continue  # it was still being written when the child died: not a save that landed
+        if named is None and not parse_name(entry.name).is_last:
+            continue
+        step = named if named is not None else embedded_step(entry.path)
+        if step is None or (durable is not None and step <= durable) or (entry.path, step) in recorded:
+            continue
+        if named is not None and state.in_flight is not None and state.in_flight.path == entry.path:
+            continue  # a step file still being written when the child died did not land
         try:
             size = entry.stat(follow_symlinks=False).st_size
         except OSError:
