@@ -120,3 +120,27 @@ def test_real_entry_point_registers_the_commands(ckpts: Path) -> None:
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["step"] == 10000
+
+
+def test_verify_a_fifo_by_name_reports_it_and_never_blocks(cli: click.Group, tmp_path: Path) -> None:
+    fifo = tmp_path / "model.pt"
+    os.mkfifo(fifo)
+    code, out, _ = run(cli, "verify", str(fifo))  # opening a FIFO for reading would block forever
+    assert code == 1 and "unverifiable" in out and "FIFO" in out
+
+
+def test_resume_point_no_writers_quarantines_a_fresh_torn_file(cli: click.Group, ckpts: Path) -> None:
+    torn = ckpts / "last.ckpt"
+    cf.save_zip(torn, 20000)
+    cf.truncate(torn, torn.stat().st_size // 2)  # just written: within the settle time
+    code, out, _ = run(cli, "resume-point", str(ckpts), "--quarantine")
+    assert torn.exists() and "in_progress" in out  # someone may still be writing it
+    code, out, _ = run(cli, "resume-point", str(ckpts), "--quarantine", "--no-writers", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["step"] == 10000 and not torn.exists()
+    assert any(Path(p).name.startswith("CORRUPT_last.ckpt.") for p in os.listdir(ckpts))
+
+
+def test_resume_point_safe_global_must_name_module_and_name(cli: click.Group, ckpts: Path) -> None:
+    code, _, err = run(cli, "resume-point", str(ckpts), "--safe-global", "nocolon")
+    assert code == 2 and "MODULE:NAME" in err

@@ -8,6 +8,7 @@ exist or cannot be read, a resume-point argument that is not a directory).
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from typing import Any
 
@@ -29,12 +30,24 @@ def _require_readable(path: str, *, want_dir: bool = False) -> None:
             raise UsageError(f"{path}: directory not readable (permission denied)")
         return
     try:
-        with open(path, "rb"):
-            pass
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return  # a FIFO, socket or device: never opened; the validator reports it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        os.close(fd)
     except PermissionError:
         raise UsageError(f"{path}: not readable (permission denied)") from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot open ({exc.strerror or exc})") from None
+
+
+def parse_safe_globals(values: tuple[str, ...]) -> tuple[str, ...]:
+    """Check each ``MODULE:NAME`` (``mypkg.config:TrainConfig``); a bad one is a usage error."""
+    for value in values:
+        module, sep, name = value.partition(":")
+        if not sep or not module.strip() or not name.strip():
+            raise UsageError(f"--safe-global {value!r}: give MODULE:NAME, e.g. mypkg.config:TrainConfig")
+    return tuple(v.strip() for v in values)
 
 
 def _expand(path: str) -> list[str]:
@@ -107,10 +120,16 @@ def verify(paths: tuple[str, ...], deep: bool, as_json: bool) -> None:
 @click.option("--tag", default=None, help="Quarantine tag (default: $SLURM_JOB_ID or local-<UTC time>).")
 @click.option("--settle", default=2.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds: a torn checkpoint modified more recently is treated as still being written.")
+@click.option("--no-writers", is_flag=True,
+              help="Nothing is writing into the directory now (the run is stopped): a torn file is torn, "
+                   "whatever its age, and is quarantined with --quarantine.")
+@click.option("--safe-global", "safe_globals", multiple=True, metavar="MODULE:NAME",
+              help="Also accept this pickled class or function in checkpoints (like torch's add_safe_globals); "
+                   "repeatable. Only for classes you trust: loading runs their code.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @handle_errors
 def resume_point(ckpt_dir: str, quarantine: bool, deep: bool, tag: str | None, settle: float,
-                 as_json: bool) -> None:
+                 no_writers: bool, safe_globals: tuple[str, ...], as_json: bool) -> None:
     """Choose the checkpoint to resume from: the newest valid one by the step in its name.
 
     Lists every candidate with its verdict. Exit 0 when a resume point exists, 1 when none does
@@ -119,8 +138,9 @@ def resume_point(ckpt_dir: str, quarantine: bool, deep: bool, tag: str | None, s
     from ..checkpoints.scan import find_resume_point
 
     _require_readable(ckpt_dir, want_dir=True)
-    result = find_resume_point(ckpt_dir, quarantine=quarantine, quarantine_tag=tag,
-                               deep_confirm=deep, quiet_s=settle)
+    result = find_resume_point(ckpt_dir, quarantine=quarantine, quarantine_tag=tag, deep_confirm=deep,
+                               quiet_s=settle, writers_alive=not no_writers,
+                               extra_safe_globals=parse_safe_globals(safe_globals))
     if as_json:
         echo_json(result.to_dict())
     else:

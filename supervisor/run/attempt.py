@@ -43,6 +43,7 @@ class AttemptState:
     notice: Notice | None = None
     stop: StopState = field(default_factory=StopState)
     save_history: SaveHistory | None = None  # what the notice was arbitrated with
+    checkpoint_dir_error: str | None = None  # the checkpoint directory could not be listed
     deadline_source: str | None = None  # where the notice's deadline came from
     refine_until: float = 0.0  # keep asking Slurm for the real deadline until then
     aborted_save: bool = False

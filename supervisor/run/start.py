@@ -8,7 +8,6 @@ is being written: a torn file is torn, whatever its age, and is quarantined.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from pathlib import Path
@@ -31,9 +30,9 @@ def start_state(ctx: RunContext, attempt_no: int) -> AttemptState:
     remove_stale_temp_files(ctx, attempt_no, now)
     kwargs: dict[str, Any] = dict(quarantine=ctx.cfg.quarantine, quarantine_tag=quarantine_tag(ctx.environ),
                                   deep_confirm=ctx.cfg.verify_resume_deep)
-    if "writers_alive" in inspect.signature(find_resume_point).parameters:
-        kwargs["writers_alive"] = False
-    result = find_resume_point(ctx.layout.ckpt_dir, **kwargs)
+    result = find_resume_point(ctx.layout.ckpt_dir, writers_alive=False,
+                               extra_safe_globals=tuple(getattr(ctx.cfg, "checkpoint_safe_globals", ()) or ()),
+                               **kwargs)
     for q in result.quarantined:
         ctx.emit(Ev.QUARANTINE, attempt=attempt_no, **q.to_event())
         if q.ok:
@@ -44,7 +43,9 @@ def start_state(ctx: RunContext, attempt_no: int) -> AttemptState:
     if result.path:
         log.info("resume point: %s (step %s)", result.path, result.step)
     warn_single_copy(ctx, attempt_no, result)
-    return AttemptState(attempt=attempt_no, started_at=now, resume_path=result.path, resume_step=result.step)
+    state = AttemptState(attempt=attempt_no, started_at=now, resume_path=result.path, resume_step=result.step)
+    state.checkpoint_dir_error = getattr(result, "error", None)
+    return state
 
 
 def single_copy_hazard(saved_paths: list[str], present: list[str]) -> str | None:
@@ -81,7 +82,13 @@ def warn_single_copy(ctx: RunContext, attempt_no: int, result: Any) -> None:
 def check_durable_history(ctx: RunContext, state: AttemptState) -> str | None:
     """The event log remembers every save that landed. If it says step S was saved but no valid
     checkpoint at or near S exists now, the checkpoint directory vanished, was emptied, or points
-    elsewhere: restarting from scratch would silently throw the run away. Returns the stop reason."""
+    elsewhere: restarting from scratch would silently throw the run away. A checkpoint directory
+    that cannot be listed is never taken for an empty one. Returns the stop reason."""
+    if state.checkpoint_dir_error:
+        reason = (f"cannot read the checkpoint directory {ctx.layout.ckpt_dir}: {state.checkpoint_dir_error}; "
+                  "not starting from scratch")
+        log.error("%s", reason)
+        return f"resume audit failed: {reason}"
     try:
         events = read_events(ctx.layout.paths.events).events
     except OSError:
