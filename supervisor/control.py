@@ -270,7 +270,9 @@ def authenticate(data: bytes, key: str | bytes) -> tuple[int, int, int, bytes]:
     if len(data) > MAX_DATAGRAM:
         raise Rejected("oversized", f"{len(data)} bytes")
     if data[:1] == b"{":
-        raise Rejected("bad_version", "a protocol-1 (unauthenticated JSON) datagram: an older client")
+        # Protocol 1 (JSON, an older client's or a forger's): it carries no tag, so it fails
+        # authentication; telling the two apart would mean parsing it.
+        raise Rejected("bad_token", "a protocol-1 (unauthenticated JSON) datagram")
     if len(data) < _MIN_DATAGRAM or data[:2] != MAGIC:
         raise Rejected("malformed", "not a supervisor datagram")
     if data[2] != PROTOCOL_VERSION:
@@ -479,14 +481,14 @@ class ControlStats:
 
     received: int = 0  # datagrams read from the socket
     accepted: int = 0
-    bad_token: int = 0  # the tag did not match: forged, or sent with another run's key
+    bad_token: int = 0  # no valid tag: forged, another run's key, or protocol-1 JSON (an older client)
     malformed: int = 0
     oversized: int = 0
     flood: int = 0
     sent: int = 0
     send_failed: int = 0
     clients: int = 0
-    bad_version: int = 0  # another protocol version: an older (or newer) client
+    bad_version: int = 0  # a supervisor datagram of another protocol version (a newer client)
     replay: int = 0  # a sequence number seen already, or too old
     out_of_range: int = 0  # well-typed but out of bounds (a 400-digit step, a NaN deadline)
     saturated: int = 0

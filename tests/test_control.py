@@ -68,11 +68,12 @@ def test_only_authentic_well_formed_datagrams_are_accepted(server, sender):
     forged_garbage[body_at:body_at + 5] = b"{{{{{"  # not JSON, but the tag is checked first
     bad = {
         "bad_version": [
-            legacy,  # protocol 1: JSON with the key in clear
-            b"{not json",
             bytes(good[:2]) + bytes([1]) + bytes(good[3:]),  # another protocol version
+            bytes(good[:2]) + bytes([3]) + bytes(good[3:]),
         ],
         "bad_token": [
+            legacy,  # protocol 1: JSON with the key in clear, no tag
+            b"{not json",
             encode(Kind.HEARTBEAT, "f" * 32, step=7),  # another key
             encode(Kind.HEARTBEAT, server.key[:-1], step=7),  # almost the key
             bytes(good[:-1]) + bytes([good[-1] ^ 1]),  # one bit of the tag flipped
