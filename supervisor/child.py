@@ -414,6 +414,22 @@ class Child:
         self._exit = ChildExit(rc if rc >= 0 else None, -rc if rc < 0 else None, duration)
         return self._exit
 
+    def catches(self, sig: int) -> bool | None:
+        """Whether the child's main process has installed a handler for ``sig`` (Linux: the SigCgt
+        mask of /proc/PID/status); None when it cannot be told (gone, not Linux). A shielded child
+        that returns False ignores ``sig``: end it with SIGKILL. One that returns True (the
+        client's install(), Lightning, torchrun) asked for it: it can be sent ``sig`` to leave."""
+        if self._proc is None or self.poll() is not None:
+            return None
+        try:
+            with open(f"/proc/{self._proc.pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("SigCgt:"):
+                        return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
+
     def signal_group(self, sig: int) -> bool:
         """Send ``sig`` to the child's whole process group (its workers too)."""
         if self._proc is None:

@@ -88,6 +88,7 @@ def test_a_shielded_child_and_its_grandchild_survive_sigterm_and_die_with_sigkil
     main, grand = _pids(child)
     try:
         assert _ignores(main, signal.SIGTERM) and _ignores(grand, signal.SIGTERM)  # inherited through fork+exec
+        assert child.catches(signal.SIGTERM) is False  # the supervisor must end it with SIGKILL
         child.signal_group(signal.SIGTERM)
         time.sleep(0.5)
         assert child.poll() is None and pid_alive(main) and pid_alive(grand)
@@ -105,6 +106,7 @@ def test_a_script_that_installs_a_handler_receives_sigterm(tmp_path: Path) -> No
         # A handler (unlike SIG_IGN) is reset to the default by exec: what the script starts after
         # installing it gets SIGTERM as before too.
         assert not _ignores(main, signal.SIGTERM) and not _ignores(grand, signal.SIGTERM)
+        assert child.catches(signal.SIGTERM) is True  # it can be asked to leave with SIGTERM
         child.signal_group(signal.SIGTERM)
         exit_ = child.wait(10)
     finally:
@@ -120,6 +122,7 @@ def test_client_install_takes_sigterm_back_from_an_inherited_sig_ign(tmp_path: P
     main, _grand = _pids(child)
     try:
         assert not _ignores(main, signal.SIGTERM)  # install() replaced SIG_IGN with its handler
+        assert child.catches(signal.SIGTERM) is True
         child.signal_group(signal.SIGTERM)
         exit_ = child.wait(10)
     finally:
