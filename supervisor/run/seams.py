@@ -240,5 +240,23 @@ class BackgroundSlurm:
                 return None
         return self._version
 
-    def requeue(self, expected_restarts: int | None, exclude: Sequence[str]) -> Any:
-        return self._get_backend().requeue(self.job_id, expected_restarts=expected_restarts, exclude=list(exclude))
+    def requeue(self, expected_restarts: int | None, exclude: Sequence[str], timeout: float = 20.0) -> Any:
+        """Ask for the requeue, waiting at most ``timeout`` seconds: after a notice the allocation
+        ends soon, and a hung controller must not hold the supervisor past it."""
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["result"] = self._get_backend().requeue(self.job_id, expected_restarts=expected_restarts,
+                                                            exclude=list(exclude))
+            except Exception as exc:
+                box["error"] = exc
+
+        thread = threading.Thread(target=work, daemon=True, name="slurm-requeue")
+        thread.start()
+        thread.join(timeout)
+        if "error" in box:
+            raise box["error"]
+        if "result" not in box:
+            raise TimeoutError(f"scontrol requeue did not answer within {timeout:g} s")
+        return box["result"]

@@ -1,0 +1,51 @@
+"""A slurmctld that does not answer must not delay the reaction to a notice (real processes).
+
+Measured before the run loop asked Slurm in the background: with ``scontrol show job`` hanging,
+the notice was recorded 31.5 s after SIGTERM, past a 30 s grace, and no emergency save was made.
+Here ``scontrol`` is a stand-in on PATH (what cannot run here: a wedged controller) that hangs on
+``show`` and answers ``--version`` and ``requeue`` at once; everything else is real.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import events_named, run_supervise
+
+pytest.importorskip("torch")
+
+PY = sys.executable
+PLAIN = str(Path(__file__).resolve().parents[1] / "examples" / "train_plain.py")
+
+FAKE_SCONTROL = """#!/bin/sh
+case "$1" in
+  --version|-V) echo "slurm 22.05.8"; exit 0 ;;
+  requeue) exit 0 ;;
+  *) sleep 300 ;;
+esac
+"""
+
+
+def test_notice_is_acted_on_at_once_while_scontrol_hangs(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "scontrol").write_text(FAKE_SCONTROL)
+    (bindir / "scontrol").chmod(0o755)
+    run_dir = tmp_path / "run"
+    env = {"PATH": f"{bindir}:/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "0",
+           "FAULT_SIGTERM_AT": "12", "FAULT_SIGTERM_PID": "parent"}
+    res = run_supervise(["run", "--run-dir", str(run_dir), "--set", "preemption.default_grace=30", "--", PY, PLAIN,
+                         "--steps", "400", "--save-every", "10", "--step-time", "0.02"], env=env, timeout=150)
+    assert res.returncode == 75, res.stderr[-3000:]
+    notice = events_named(run_dir, "notice")[0]
+    assert notice["deadline_source"] == "default_grace"
+    arbitration = events_named(run_dir, "arbitration")[0]
+    assert arbitration["decision"] == "emergency_save", arbitration["reason"]
+    emergency = [s for s in events_named(run_dir, "save_end") if s["ts"] >= notice["ts"]]
+    assert emergency and emergency[0]["ok"] and emergency[0]["step"] >= 12
+    assert emergency[0]["ts"] < notice["deadline"]  # saved inside the grace, not after it
+    end = events_named(run_dir, "attempt_end")[0]
+    assert end["class"] == "preempted" and end["last_durable_step"] == emergency[0]["step"]
