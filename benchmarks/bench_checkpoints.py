@@ -3,7 +3,7 @@ and a resume-point scan over a directory of 1,000 checkpoints.
 
     python benchmarks/bench_checkpoints.py [--dir /scratch/bench] [--sizes 1MB,1GB,10GB] [--count 1000]
 
-Targets (DESIGN.md §11): L1 <= 1 ms at any size; 1,000 checkpoints scanned to a resume point
+Targets: L1 <= 1 ms at any size; 1,000 checkpoints scanned to a resume point
 <= 0.5 s. Writes a Markdown report to stdout (paste into docs/benchmarks.md) and JSON to
 --json. Big files are deleted afterwards. "Cold" = the file evicted from this machine's page
 cache (fsync + POSIX_FADV_DONTNEED), median of 5; a hypervisor below may still cache it.

@@ -1,4 +1,4 @@
-"""Provenance of one attempt (DESIGN.md §9): what code, config, software and hardware it ran on.
+"""Provenance of one attempt: what code, config, software and hardware it ran on.
 
 Written at attempt start so a post-mortem can tell whether attempts 1..n were one reproducible run
 or several different ones glued together (a resume on other code, another torch, another GPU).

@@ -1,4 +1,4 @@
-"""Where everything about one run lives. Pure path arithmetic, no I/O (DESIGN.md §3)."""
+"""Where everything about one run lives. Pure path arithmetic, no I/O."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from enum import Enum
 
 
 class FailureClass(str, Enum):
-    """How an attempt ended, judged from the first failure in its output (DESIGN.md §7)."""
+    """How an attempt ended, judged from the first failure in its output."""
 
     COMPLETED = "completed"  # exit 0: training finished
     # Transient native or GPU-kernel faults: a restart in place usually gets past them.
@@ -55,7 +55,7 @@ class RunOutcome(str, Enum):
 
 
 class SaveDecision(str, Enum):
-    """Arbitration of a stop notice against checkpoint saves (DESIGN.md §5)."""
+    """Arbitration of a stop notice against checkpoint saves."""
 
     BLOCK = "block"  # let the in-flight save finish, then stop
     ABORT = "abort"  # stop the writer now; the previous checkpoint stays intact

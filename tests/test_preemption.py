@@ -2,7 +2,7 @@
 
 Pure functions, so every test states its numbers. Job records are parsed from ``scontrol show job -o``
 lines shaped like the ones Slurm 22.05.8 printed during the grace window on our test cluster
-(PreemptTime=13:28:57, EndTime=13:29:17 with GraceTime=20: DESIGN.md §5).
+(PreemptTime=13:28:57, EndTime=13:29:17 with GraceTime=20).
 """
 
 from __future__ import annotations

@@ -781,7 +781,7 @@ def vanishing_dir_trial(work_dir: Path, trial: int = 0) -> TrialOutcome:
     """Fault 6b: the checkpoint directory is renamed away mid-run (an unmounted or moved volume).
     The attempt's next save fails; the supervisor must record it and decide. The next start must
     not quietly train from step 0 as if the run were new: its own event log says checkpoints up
-    to step N were durable, so starting fresh is an alarm (DESIGN.md §8)."""
+    to step N were durable, so starting fresh is an alarm."""
     started = time.monotonic()
     f = Findings()
     base = work_dir / f"vanish-{trial}"
