@@ -117,7 +117,17 @@ def on_notice(ctx: RunContext, child: Any, state: AttemptState, source: str, sig
     ctx.emit(Ev.ARBITRATION, attempt=state.attempt, **decision.to_event())
     log.warning("stop notice (%s): %s", notice.signal or notice.source, decision.reason)
     step(ctx, child, state, NoticeArrived(decision.decision, deadline.at, pcfg.margin, decision.reason,
-                                          cooperative=bool(state.clients)), now)
+                                          cooperative=bool(state.clients) or handles_term(child)), now)
+
+
+def handles_term(child: Any) -> bool:
+    """The training installed its own SIGTERM handler (Lightning's SLURM plugin, torchrun's agent):
+    it asked for the signal and may use the time to the deadline to leave cleanly."""
+    catches = getattr(child, "catches", None)
+    try:
+        return bool(catches(signal.SIGTERM)) if callable(catches) else False
+    except Exception:
+        return False
 
 
 def _events(ctx: RunContext) -> list[Any]:

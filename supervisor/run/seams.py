@@ -150,6 +150,9 @@ class ProcessChild:
     def dump_stacks(self, out_path: Path, dump_signal: int) -> str:
         return self._child.dump_stacks(out_path, dump_signal)
 
+    def catches(self, sig: int) -> bool | None:
+        return self._child.catches(sig)
+
     def stop(self, term_timeout: float) -> None:
         self._child.stop(term_timeout)
 
