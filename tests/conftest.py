@@ -5,7 +5,7 @@ CI those tests are skipped with the reason. Any test that uses ``slurm_cluster``
 ``slurm_job_dir``) is marked ``slurm`` automatically.
 
 Versions: every such test runs once per Slurm version picked by ``--slurm=...`` or
-``$SUPERVISE_TEST_SLURM`` (comma list: the host's own version, e.g. ``22.05``, or ``host``; ``24.11``;
+``$SLURM_TEST_VERSIONS`` (comma list: the host's own version, e.g. ``22.05``, or ``host``; ``24.11``;
 ``26.05``; ``all``), default the host's only. The version is in the test id:
 ``test_x[slurm-24.11]``. A root version runs its cluster, its client commands and its jobs inside a
 Debian root (tests/slurm_roots/; built on first use, cached after). Tests stay version-agnostic:
@@ -28,7 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `import
 import slurm_cluster as cluster_lib  # noqa: E402
 
 SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_job_dir", "slurm_version"})
-VERSIONS_ENV = "SUPERVISE_TEST_SLURM"
+# Not SUPERVISE_*: the supervisor reads every SUPERVISE_* variable as a config key (and refuses
+# unknown ones), and jobs inherit the test's environment. SLURM_* is kept out of jobs by Cluster.env.
+VERSIONS_ENV = "SLURM_TEST_VERSIONS"
 
 
 def in_ci() -> bool:

@@ -60,7 +60,7 @@ from supervisor.slurm.parse import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-ROOTS_DIR_ENV = "SUPERVISE_TEST_SLURM_ROOTS"  # where tests/slurm_roots/build.sh keeps its roots
+ROOTS_DIR_ENV = "SLURM_TEST_ROOTS"  # where tests/slurm_roots/build.sh keeps its roots
 DEFAULT_ROOTS_DIR = Path("/var/cache/slurm-supervisor/roots")
 BUILD_SCRIPT = REPO / "tests" / "slurm_roots" / "build.sh"
 ENTER_SCRIPT = REPO / "tests" / "slurm_roots" / "enter.sh"
@@ -135,9 +135,9 @@ def roots_dir() -> Path:
 def default_binds() -> tuple[str, ...]:
     """Host paths a root must see at the same path: the repository (tests, children, examples,
     the editable install), the temp dir (cluster dirs, pytest's tmp_path) and this interpreter's
-    prefix (its stdlib and site-packages: torch included), plus $SUPERVISE_TEST_ROOT_BINDS."""
+    prefix (its stdlib and site-packages: torch included), plus $SLURM_TEST_ROOT_BINDS."""
     wanted = [str(REPO), tempfile.gettempdir(), sys.prefix, sys.base_prefix]
-    wanted += [p for p in os.environ.get("SUPERVISE_TEST_ROOT_BINDS", "").split(os.pathsep) if p.strip()]
+    wanted += [p for p in os.environ.get("SLURM_TEST_ROOT_BINDS", "").split(os.pathsep) if p.strip()]
     binds: list[str] = []
     for path in sorted({str(Path(p).resolve()) for p in wanted}, key=len):
         if path in ("/", "/usr", "/etc", "/var", "/lib", "/bin", "/sbin", "/proc", "/dev", "/sys"):

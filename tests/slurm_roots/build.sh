@@ -3,7 +3,7 @@
 #
 #   tests/slurm_roots/build.sh VERSION [DIR]      VERSION: 24.11 (Debian trixie) | 26.05 (Debian sid)
 #
-# DIR defaults to $SUPERVISE_TEST_SLURM_ROOTS/VERSION (default /var/cache/slurm-supervisor/roots).
+# DIR defaults to $SLURM_TEST_ROOTS/VERSION (default /var/cache/slurm-supervisor/roots).
 # Idempotent and cached: a root that is complete (its stamp file is there and its slurmctld reports
 # VERSION) is reused at once. A root is built beside DIR and renamed into place only when complete,
 # so an interrupted build never looks complete. Every mount it needs (/proc, /dev for the package
@@ -16,9 +16,9 @@
 set -euo pipefail
 
 VERSION="${1:?usage: build.sh VERSION [DIR]  (VERSION: 24.11 or 26.05)}"
-ROOTS="${SUPERVISE_TEST_SLURM_ROOTS:-/var/cache/slurm-supervisor/roots}"
+ROOTS="${SLURM_TEST_ROOTS:-/var/cache/slurm-supervisor/roots}"
 DIR="${2:-$ROOTS/$VERSION}"
-MIRROR="${SUPERVISE_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+MIRROR="${SLURM_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PACKAGES="munge slurm-wlm python3 python3-venv procps"
 
 case "$VERSION" in
