@@ -76,6 +76,57 @@ class PreemptionConfig:
 
 
 @dataclass(frozen=True)
+class NotifyConfig:
+    """Tell a person when the run needs one (docs/report.md): run ``command`` and/or POST JSON to
+    ``url`` on the chosen ``events``. Sent from a background thread with ``retries`` and a per-try
+    ``timeout``; a notifier that fails is logged and counted, never a reason to stop the run."""
+
+    # The events a notification can be asked for (supervisor.notify.NotifyEvent has the same values).
+    EVENTS: typing.ClassVar[tuple[str, ...]] = ("stopped", "held", "results_check", "complete", "cancelled")
+    # The variables the command gets besides the payload on stdin (not config: env_overrides skips them).
+    ENV_VARS: typing.ClassVar[tuple[str, ...]] = (
+        "SUPERVISE_EVENT", "SUPERVISE_REASON", "SUPERVISE_RUN_NAME", "SUPERVISE_RUN_DIR", "SUPERVISE_JOB_ID",
+        "SUPERVISE_TRIGGER")
+
+    command: str | None = None  # a program and its arguments (split like a shell, never run by one)
+    url: str | None = None  # http(s); ${VAR} in it is read from the environment when sending (secrets)
+    events: tuple[str, ...] = EVENTS
+    timeout: float = 10.0  # seconds per try (HTTP request or command run)
+    retries: int = 3  # tries after the first one fails
+    backoff: float = 2.0  # seconds before the first retry, doubling each time (at most 60)
+    queue_size: int = 100  # notifications waiting to be sent; more are dropped and counted
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.events) and (self.command is not None or self.url is not None)
+
+    def __post_init__(self) -> None:
+        import shlex
+        from urllib.parse import urlsplit
+
+        if self.command is not None:
+            try:
+                argv = shlex.split(self.command)
+            except ValueError as exc:
+                raise ConfigError("notify.command", self.command, f"cannot be split into arguments ({exc})") from None
+            if not argv:
+                raise ConfigError("notify.command", self.command, "empty command; give a program and its "
+                                  "arguments (e.g. '/usr/local/bin/page-me --team ml') or leave the key out")
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ConfigError("notify.url", self.url, "expected an http:// or https:// URL with a host, "
+                                  "e.g. https://hooks.example.org/notify")
+        for name in self.events:
+            if name not in self.EVENTS:
+                raise ConfigError("notify.events", name, f"unknown event; allowed: {', '.join(self.EVENTS)}")
+        if self.timeout <= 0:
+            raise ConfigError("notify.timeout", self.timeout, "expected a number of seconds > 0")
+        if self.queue_size < 1:
+            raise ConfigError("notify.queue_size", self.queue_size, "expected at least 1")
+
+
+@dataclass(frozen=True)
 class SupervisorConfig:
     """Everything ``supervise run`` can be told. Built by :func:`load_config`."""
 
@@ -100,6 +151,7 @@ class SupervisorConfig:
     policy: Mapping[FailureClass, ClassPolicy] = field(default_factory=lambda: dict(DEFAULT_POLICY))
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
+    notify: NotifyConfig = field(default_factory=NotifyConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (enums as strings) for YAML/JSON output and hashing."""

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ..config import load_config
-from ..errors import ExitCode, UsageError
+from ..errors import ExitCode, SupervisorError, UsageError
 from .common import echo_json, handle_errors
+
+if TYPE_CHECKING:  # the report package is imported when a report command runs, not at CLI start
+    from ..report.status import StatusView
 
 
 @click.command("report")
@@ -19,12 +26,15 @@ from .common import echo_json, handle_errors
 @click.option("--markdown", "as_markdown", is_flag=True, help="Markdown, for pasting into an issue.")
 @click.option("--plot", "plot_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Also draw step over wall-clock time to FILE.png (needs matplotlib).")
+@click.option("--html", "html_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write the report as one self-contained page to FILE.html (no script, nothing loaded "
+                   "from the network: open it offline or attach it to an issue).")
 @click.option("--no-checkpoints", is_flag=True, help="Skip the checkpoint health scan.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path),
               help="Judge the step budget by this config instead of the one recorded in the run.")
 @handle_errors
-def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | None, no_checkpoints: bool,
-           config_file: Path | None) -> None:
+def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | None, html_file: Path | None,
+           no_checkpoints: bool, config_file: Path | None) -> None:
     """Post-mortem of a run: attempts and their first failures, steps lost, the step-budget verdict,
     checkpoint health, quarantined files, and drift between attempts (other code, torch, GPU...).
 
@@ -38,8 +48,14 @@ def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | No
         raise UsageError("choose one of --json and --markdown")
     if plot_file is not None and not plot_file.parent.is_dir():
         raise UsageError(f"--plot {plot_file}: directory {plot_file.parent} does not exist")
+    if html_file is not None and not html_file.parent.is_dir():
+        raise UsageError(f"--html {html_file}: directory {html_file.parent} does not exist")
     config = load_config(config_file) if config_file is not None else None
     rep = build_report(run_dir, config=config, check_checkpoints=not no_checkpoints)
+    if html_file is not None:
+        from ..report.html import render_html
+
+        _write_atomically(html_file, render_html(rep))
     plot_counts = None
     plot_error = None
     if plot_file is not None:
@@ -53,6 +69,8 @@ def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | No
         data = rep.to_json()
         if plot_counts is not None:
             data["plot"] = {"path": str(plot_file), "markers": plot_counts}
+        if html_file is not None:
+            data["html"] = {"path": str(html_file)}
         echo_json(data)
     elif as_markdown:
         click.echo(render_markdown(rep), nl=False)
@@ -63,27 +81,106 @@ def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | No
         sys.exit(ExitCode.USAGE)
     if plot_counts is not None and not as_json:
         click.echo(f"plot written to {plot_file}", err=True)
+    if html_file is not None and not as_json:
+        click.echo(f"html report written to {html_file}", err=True)
     sys.exit(ExitCode.FAILED if rep.run.problems else ExitCode.OK)
 
 
-@click.command("status")
+def _write_atomically(path: Path, text: str) -> None:
+    """Write next to ``path`` and rename, so a reader never opens half a page."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"cannot write {path} ({exc.strerror})") from None
+
+
+WATCH_HELP = """\b
+With --watch the view is redrawn every --interval seconds until Ctrl-C
+(or SIGTERM), which quits cleanly with exit 0: Ctrl-C is how a watch ends,
+not an error. A run that has ended is still watched (the view says so),
+since a requeued or restarted run writes on. With --json, --watch prints
+one JSON object per refresh (JSON Lines).
+"""
+
+
+@click.command("status", epilog=WATCH_HELP)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON.")
+@click.option("--watch", is_flag=True, help="Keep the view up to date until Ctrl-C (exit 0).")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=2.0, show_default=True,
+              help="Seconds between refreshes with --watch.")
 @handle_errors
-def status(run_dir: Path, as_json: bool) -> None:
+def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
     """One screen on a running or finished run: alive?, current attempt, step and rate, last
-    checkpoint, restarts, steps lost so far, last failure."""
-    from ..report import build_report, check_alive, resolve_run_dir, summarize_status
+    checkpoint, time left to the grace deadline during a stop notice, restarts, steps lost so far,
+    last failure."""
+    from ..report import resolve_run_dir
     from ..report.render import render_status
+
+    paths = resolve_run_dir(run_dir)
+    if not watch:
+        view = _status_view(paths.run_dir)
+        if as_json:
+            echo_json(view.to_json())
+        else:
+            click.echo(render_status(view), nl=False)
+        return
+    # Ctrl-C ends the watch even when the shell that started it ignored SIGINT (a background job);
+    # SIGTERM (`timeout`, a closing tmux pane) ends it the same way.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        _watch(paths.run_dir, interval, as_json)
+    except KeyboardInterrupt:
+        if not as_json:
+            click.echo("")
+        sys.exit(ExitCode.OK)
+    except BrokenPipeError:  # `supervise status --watch | head`: the reader left, which is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(ExitCode.OK)
+
+
+def _status_view(run_dir: Path) -> StatusView:
+    from ..report import build_report, check_alive, resolve_run_dir, summarize_status
 
     paths = resolve_run_dir(run_dir)
     rep = build_report(paths.run_dir, check_checkpoints=False)
     live = check_alive(paths)
-    view = summarize_status(rep, live.alive, live.reason, live.owner, now=time.time())
-    if as_json:
-        echo_json(view.to_json())
-    else:
-        click.echo(render_status(view), nl=False)
+    return summarize_status(rep, live.alive, live.reason, live.owner, now=time.time())
+
+
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def _watch(run_dir: Path, interval: float, as_json: bool) -> None:
+    """Redraw until interrupted. A refresh that cannot read the run (moved, being rewritten) shows
+    why and tries again at the next tick; only Ctrl-C ends the watch."""
+    from ..report.render import render_status
+
+    tty = sys.stdout.isatty()
+    while True:
+        stamp = time.strftime("%H:%M:%S")
+        try:
+            view: StatusView | None = _status_view(run_dir)
+            problem = None
+        except SupervisorError as exc:
+            view, problem = None, str(exc)
+        if as_json:
+            data = view.to_json() if view is not None else {"error": problem}
+            click.echo(json.dumps({"refreshed": time.time(), **data}, default=str))
+        else:
+            head = f"supervise status --watch: refreshed {stamp}, every {interval:g}s; Ctrl-C quits"
+            if view is not None and view.state == "requeued":
+                head += "\nhanded back to Slurm: the view goes on when the job starts again"
+            elif view is not None and view.state != "running" and view.outcome is not None:
+                head += f"\nrun ended ({view.outcome}): nothing changes unless the run is started again"
+            body = render_status(view) if view is not None else f"cannot read the run: {problem}\n"
+            click.echo((CLEAR_SCREEN if tty else "") + head + "\n\n" + body, nl=not tty)
+        sys.stdout.flush()
+        time.sleep(interval)
 
 
 def register(group: click.Group) -> None:

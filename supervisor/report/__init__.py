@@ -1,8 +1,9 @@
 """Post-mortem views folded from the event log.
 
 ``build_report(run_dir)`` reads a run directory and returns a frozen :class:`Report`;
-``fold(events, manifests)`` is the pure part. Renderers (text, Markdown) and the optional plot live in
-their own modules so that the CLI imports only what it draws.
+``fold(events, manifests)`` is the pure part. Renderers (text and Markdown in ``render``, the
+self-contained page in ``html``) and the optional plot live in their own modules so that the CLI
+imports only what it draws.
 """
 
 from .drift import DriftItem, find_drift

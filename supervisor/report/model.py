@@ -70,6 +70,8 @@ class AttemptRow:
     end_class: str | None = None  # "class" in JSON
     action: str | None = None
     evidence: str | None = None  # the first line of the first failure
+    evidence_lines: tuple[str, ...] = ()  # every evidence line of the first failure (bounded)
+    context_lines: tuple[str, ...] = ()  # the output around it, as the failure event kept it (bounded)
     evidence_step: int | None = None
     failure_node: str | None = None
     failure_reason: str | None = None
@@ -294,6 +296,24 @@ def _evidence_line(v: Any) -> str | None:
             if isinstance(line, str) and line.strip():
                 return line.strip()
     return None
+
+
+# The report is shared as a file: evidence is kept whole enough to read, never unbounded.
+MAX_EVIDENCE_LINES = 40
+MAX_EVIDENCE_CHARS = 1000
+
+
+def _lines(v: Any) -> tuple[str, ...]:
+    """Non-empty lines of an evidence/context field (a string or a list), each cut to a readable length."""
+    items = v.splitlines() if isinstance(v, str) else v if isinstance(v, (list, tuple)) else ()
+    out = []
+    for line in items:
+        if isinstance(line, str) and line.strip():
+            text = line.rstrip()
+            out.append(text if len(text) <= MAX_EVIDENCE_CHARS else text[: MAX_EVIDENCE_CHARS - 1] + "…")
+        if len(out) == MAX_EVIDENCE_LINES:
+            break
+    return tuple(out)
 
 
 def _record(ev: Event, attempt: int | None) -> dict[str, Any]:
@@ -584,6 +604,8 @@ def _attempt_row(record: AttemptRecord, acc: _Acc | None, sessions: list[_Sessio
         end_class=record.cls.value if record.cls else _str(f.get("end_class")) or _str(fail.get("class")),
         action=record.action.value if record.action else _str(f.get("end_action")) or _str(fail.get("action")),
         evidence=_evidence_line(record.evidence),
+        evidence_lines=_lines(record.evidence or fail.get("evidence")),
+        context_lines=_lines(fail.get("context")),
         evidence_step=record.failure_step,
         failure_node=record.failure_node,
         failure_reason=record.failure_reason,

@@ -226,7 +226,7 @@ def report_blocks(report: Report) -> list[Block]:
                              f"{d.to_attempt})" for d in info]))
 
     blocks.append(_h("Events"))
-    blocks.append(_list(_event_lines(report)))
+    blocks.append(_list(event_lines(report)))
     if report.warnings:
         blocks.append(_h("Warnings"))
         blocks.append(_list(report.warnings))
@@ -246,7 +246,7 @@ def verdict_line(ok: bool | None, budget: str | None, reason: str, source: str) 
     return f"{state}{' (' + budget + ')' if budget else ''}: {reason}{note}"
 
 
-def _event_lines(report: Report) -> list[str]:
+def event_lines(report: Report) -> list[str]:
     """One line per notable event, in time order."""
     s = report.events_summary
     timed: list[tuple[float, str]] = []
@@ -365,6 +365,9 @@ def status_blocks(view: StatusView) -> list[Block]:
         lines.append(f"step {view.last_step}{rate}, reported {fmt_duration(view.progress_age)} ago")
     else:
         lines.append("no step reported yet")
+    if view.notice_ts is not None:
+        lines.append(f"STOP NOTICE ({view.notice_signal or '?'}) at {fmt_ts(view.notice_ts)}: "
+                     + _deadline_text(view.notice_deadline, view.deadline_left))
     if view.last_checkpoint:
         c = view.last_checkpoint
         lines.append(f"last checkpoint: step {_cell(c.get('step'))} ({(str(c.get('path') or '-')).rsplit('/', 1)[-1]}), "
@@ -385,6 +388,17 @@ def status_blocks(view: StatusView) -> list[Block]:
     if view.warnings:
         blocks += [_p("Warnings:"), _list(view.warnings)]
     return blocks
+
+
+def _deadline_text(deadline: float | None, left: float | None) -> str:
+    """The grace clock as a person reads it: how long is left, or how long ago it ran out."""
+    if deadline is None:
+        return "no grace deadline known"
+    if left is None:
+        return f"grace deadline {fmt_ts(deadline)}"
+    if left >= 0:
+        return f"grace deadline in {fmt_duration(left)} ({fmt_ts(deadline)})"
+    return f"grace deadline passed {fmt_duration(-left)} ago ({fmt_ts(deadline)})"
 
 
 def render_status(view: StatusView) -> str:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,11 @@ class StatusView:
     steps_lost: int
     wall_lost: float
     last_failure: Mapping[str, Any] | None
+    # A stop notice in the current attempt (preemption, time limit, cancel): the clock a person watches.
+    notice_ts: float | None
+    notice_signal: str | None
+    notice_deadline: float | None  # epoch s; None when the notice named none
+    deadline_left: float | None  # seconds to the grace deadline (negative once passed)
     outcome: str | None
     exit_code: int | None
     reason: str | None
@@ -46,6 +52,18 @@ class StatusView:
 
 def _age(now: float, ts: float | None) -> float | None:
     return None if ts is None else max(now - ts, 0.0)
+
+
+def _number(v: Any) -> float | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None
+
+
+def _open_notice(report: Report, attempt: int | None) -> Mapping[str, Any] | None:
+    """The newest stop notice of the attempt still running, if any: the grace clock is ticking."""
+    if attempt is None:
+        return None
+    return next((n for n in reversed(report.events_summary.notices) if n.get("attempt") == attempt), None)
 
 
 def summarize_status(report: Report, alive: bool | None, liveness_reason: str,
@@ -70,6 +88,9 @@ def summarize_status(report: Report, alive: bool | None, liveness_reason: str,
             last_step, rate, progress_ts = a.last_step, a.last_rate, a.last_progress_ts or a.end
             break
     failure = next((a for a in reversed(report.attempts) if a.failed), None)
+    notice = _open_notice(report, current.attempt if current and not current.ended else None)
+    deadline = _number(notice.get("deadline")) if notice else None
+    signal = str(notice.get("signal") or notice.get("source") or "") if notice else ""
     ckpt = report.events_summary.last_checkpoint
     return StatusView(
         name=run.name, run_dir=run.run_dir, state=state, alive=alive, liveness_reason=liveness_reason,
@@ -86,6 +107,10 @@ def summarize_status(report: Report, alive: bool | None, liveness_reason: str,
         last_failure={"attempt": failure.attempt, "class": failure.end_class, "step": failure.evidence_step
                       if failure.evidence_step is not None else failure.last_step,
                       "evidence": failure.evidence, "action": failure.action} if failure else None,
+        notice_ts=_number(notice.get("ts")) if notice else None,
+        notice_signal=signal or None,
+        notice_deadline=deadline,
+        deadline_left=None if deadline is None or state != "running" else deadline - now,
         outcome=run.outcome if state != "running" else None,
         exit_code=run.exit_code if state != "running" else None,
         reason=run.reason if state != "running" else None,

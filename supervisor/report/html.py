@@ -1,0 +1,765 @@
+"""The post-mortem as one self-contained HTML page: a file to open offline or attach to an issue.
+
+Built from :class:`~supervisor.report.model.Report` (the pure fold) by pure functions: no clock, no
+I/O. The page carries everything inline (CSS, SVG) and loads nothing: no script, font, image or
+style from anywhere, and its Content-Security-Policy forbids all of them, so even a browser that
+opened a tampered copy would run no script. Every string from the event log is untrusted (evidence
+lines are the training's own output) and goes through :func:`el`, which escapes whatever is not
+already :class:`Html`.
+
+The charts are SVG with ``<title>``/``<desc>`` and a tooltip per marker; everything they show is
+also in the tables below them, as text.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import __version__
+from .model import AttemptRow, CheckpointRow, QuarantineRow, Report
+from .render import (
+    event_lines,
+    fmt_duration,
+    fmt_lost,
+    fmt_size,
+    fmt_ts,
+    fmt_ts_short,
+    verdict_line,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Markup: escaped by construction
+
+
+class Html(str):
+    """Text that is already markup. Anything else handed to :func:`el` is escaped."""
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def esc(value: Any) -> Html:
+    """Escape for text and attribute values alike; control characters (never valid in HTML) go."""
+    if isinstance(value, Html):
+        return value
+    return Html(html.escape(_CONTROL.sub("\ufffd", "" if value is None else str(value)), quote=True))
+
+
+def el(tag: str, *children: Any, **attrs: Any) -> Html:
+    """``<tag attrs>children</tag>``. ``class_`` is ``class``, ``aria_label`` is ``aria-label``; an
+    attribute whose value is None or False is left out; True gives a bare attribute."""
+    parts = [tag]
+    for name, value in attrs.items():
+        if value is None or value is False:
+            continue
+        key = name.rstrip("_").replace("_", "-")
+        parts.append(key if value is True else f'{key}="{esc(value)}"')
+    inner = "".join(esc(c) for c in _flatten(children))
+    return Html(f"<{' '.join(parts)}>{inner}</{tag}>")
+
+
+def _flatten(items: Iterable[Any]) -> Iterable[Any]:
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            yield from _flatten(item)
+        elif item is not None:
+            yield item
+
+
+def join(*items: Any) -> Html:
+    return Html("".join(esc(i) for i in _flatten(items)))
+
+
+def _n(x: float) -> str:
+    """A coordinate: short, and never 'nan' (a NaN would break the SVG)."""
+    return "0" if not math.isfinite(x) else f"{x:.1f}".rstrip("0").rstrip(".")
+
+
+# ---------------------------------------------------------------------------------------------
+# What each attempt looks like on the charts
+
+# One look per kind of attempt end; the legend, the bars and the table badges share it.
+_END_KIND = {"completed": "ok", "preempted": "sched", "time_limit": "sched", "cancelled": "person"}
+
+
+def end_kind(a: AttemptRow) -> str:
+    """ok | sched | person | fail | running | unknown: the colour of the attempt's bar and badge."""
+    if a.end_class is None:
+        return "unknown" if a.ended else "running"
+    return _END_KIND.get(a.end_class, "fail")
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One thing that happened, placed on both axes where its time or step is known."""
+
+    kind: str  # failure | notice | requeue | save | quarantine | stall | resume
+    attempt: int | None
+    ts: float | None
+    step: int | None
+    label: str  # the tooltip and the text alternative
+
+
+MARKER_NAMES = {
+    "failure": "crash / failure", "notice": "stop notice (preemption, time limit, cancel)",
+    "requeue": "requeue", "save": "checkpoint saved", "quarantine": "torn checkpoint quarantined",
+    "stall": "stall (no progress)", "resume": "resumed from a checkpoint",
+}
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _step(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def markers(report: Report) -> list[Marker]:
+    """Every marker of both charts, from the report's data only."""
+    out: list[Marker] = []
+    by_attempt = {a.attempt: a for a in report.attempts}
+    for a in report.attempts:
+        if a.resume_step is not None:
+            out.append(Marker("resume", a.attempt, a.start, a.resume_step,
+                              f"attempt {a.attempt} resumed at step {a.resume_step}"
+                              f" from {(a.resume_path or '?').rsplit('/', 1)[-1]}"))
+        if a.failed:
+            step = a.evidence_step if a.evidence_step is not None else a.last_step
+            out.append(Marker("failure", a.attempt, a.end, step,
+                              f"attempt {a.attempt}: {a.end_class} at step {step if step is not None else '?'}"
+                              f"{' on ' + a.failure_node if a.failure_node else ''}: {a.evidence or '-'}"))
+    for p in report.series:
+        if p.kind == "save":
+            out.append(Marker("save", p.attempt, p.ts, p.step, f"attempt {p.attempt}: checkpoint of step {p.step} saved"))
+    s = report.events_summary
+    for notice in s.notices:
+        n = _step(notice.get("attempt"))
+        row = by_attempt.get(n) if n is not None else None
+        deadline = _num(notice.get("deadline"))
+        out.append(Marker("notice", n, _num(notice.get("ts")), row.last_step if row else None,
+                          f"attempt {n if n is not None else '?'}: stop notice "
+                          f"({notice.get('signal') or notice.get('source') or '?'})"
+                          f"{', deadline ' + fmt_ts(deadline) if deadline is not None else ''}"))
+    for q in s.requeues:
+        if q.get("ok") is False and q.get("how") not in (None, "none"):
+            what = "requeue FAILED"
+        else:
+            what = "requeue"
+        n = _step(q.get("attempt"))
+        row = by_attempt.get(n) if n is not None else None
+        out.append(Marker("requeue", n, _num(q.get("ts")), row.last_step if row else None,
+                          f"{what} of job {q.get('job_id') or '-'} ({q.get('how') or '-'}): "
+                          f"{q.get('reason') or q.get('result') or '-'}"))
+    for st in s.stalls:
+        out.append(Marker("stall", _step(st.get("attempt")), _num(st.get("ts")), _step(st.get("last_step")),
+                          f"attempt {st.get('attempt', '?')}: stall after step {st.get('last_step', '?')} "
+                          f"({fmt_duration(_num(st.get('idle_s')))} idle)"))
+    for qr in report.quarantined:
+        out.append(Marker("quarantine", qr.attempt, qr.ts, qr.step,
+                          f"quarantined {qr.original or qr.file} (step {qr.step if qr.step is not None else '?'}): "
+                          f"{qr.reason or '-'}"))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Axes
+
+_TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
+               86400, 172800, 345600, 604800)
+
+
+def time_ticks(span: float, most: int = 8) -> list[float]:
+    """Offsets (s) for at most ``most`` gridlines on a span of ``span`` seconds, at round values."""
+    step = next((s for s in _TIME_STEPS if span / s <= most), None)
+    if step is None:
+        step = math.ceil(span / most / 604800) * 604800
+    return [i * step for i in range(int(span // step) + 1)]
+
+
+def step_ticks(top: int, most: int = 8) -> list[int]:
+    """0 and round step numbers up to ``top`` (1, 2, 5 x 10^k apart)."""
+    if top <= 0:
+        return [0]
+    raw = top / most
+    mag = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    step = next((m * mag for m in (1, 2, 5, 10) if m * mag >= raw), 10 * mag)
+    return list(range(0, top + 1, int(step)))
+
+
+def fmt_offset(seconds: float) -> str:
+    """A tick label: ``0``, ``30s``, ``5m``, ``1h30m``, ``2d``, ``1d12h`` (ticks are round values)."""
+    s = int(seconds)
+    if s == 0:
+        return "0"
+    out = ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            out += f"{s // size}{unit}"
+            s %= size
+    return out
+
+
+def fmt_steps(n: float) -> str:
+    n = int(n)
+    if n >= 1_000_000 and n % 100_000 == 0:
+        return f"{n / 1_000_000:g}M"
+    if n >= 10_000 and n % 1000 == 0:
+        return f"{n // 1000}k"
+    return str(n)
+
+
+# ---------------------------------------------------------------------------------------------
+# SVG charts
+
+CHART_W = 960.0
+LEFT = 64.0
+RIGHT = 24.0
+TOP = 12.0
+AXIS_H = 34.0
+
+
+def _row_height(n: int) -> float:
+    return max(8.0, min(24.0, 420.0 / max(n, 1)))
+
+
+def _marker_shape(kind: str, x: float, y: float, r: float) -> Html:
+    """A shape per kind, so the marks read without colour too (crosses, triangles, squares...)."""
+    cls = f"mk mk-{kind}"
+    if kind == "failure":
+        return el("path", d=f"M{_n(x - r)} {_n(y - r)}L{_n(x + r)} {_n(y + r)}M{_n(x - r)} {_n(y + r)}"
+                            f"L{_n(x + r)} {_n(y - r)}", class_=cls)
+    if kind == "notice":
+        return el("path", d=f"M{_n(x - r)} {_n(y - r)}L{_n(x + r)} {_n(y - r)}L{_n(x)} {_n(y + r)}Z", class_=cls)
+    if kind == "save":
+        h = r * 0.6
+        return el("rect", x=_n(x - h), y=_n(y - h), width=_n(2 * h), height=_n(2 * h), class_=cls)
+    if kind == "quarantine":
+        return el("path", d=f"M{_n(x)} {_n(y - r)}L{_n(x + r)} {_n(y)}L{_n(x)} {_n(y + r)}L{_n(x - r)} {_n(y)}Z",
+                  class_=cls)
+    if kind == "stall":
+        return el("path", d=f"M{_n(x - r)} {_n(y - r)}L{_n(x + r)} {_n(y - r)}L{_n(x - r)} {_n(y + r)}"
+                            f"L{_n(x + r)} {_n(y + r)}Z", class_=cls)
+    if kind == "requeue":
+        return el("circle", cx=_n(x), cy=_n(y), r=_n(r * 0.8), class_=cls)
+    return el("circle", cx=_n(x), cy=_n(y), r=_n(r * 0.6), class_=cls)  # resume
+
+
+def _chart(chart_id: str, title: str, desc: str, height: float, body: Sequence[Html]) -> Html:
+    return el("svg", el("title", title, id=f"{chart_id}-title"), el("desc", desc, id=f"{chart_id}-desc"), *body,
+              id=chart_id, xmlns="http://www.w3.org/2000/svg", viewBox=f"0 0 {_n(CHART_W)} {_n(height)}",
+              role="img", aria_labelledby=f"{chart_id}-title {chart_id}-desc", class_="chart",
+              preserveAspectRatio="xMinYMin meet")
+
+
+def _lanes(attempts: Sequence[AttemptRow], rh: float, x0: float, x1: float) -> list[Html]:
+    out = []
+    for i, a in enumerate(attempts):
+        y = TOP + i * rh
+        if i % 2:
+            out.append(el("rect", x=_n(x0), y=_n(y), width=_n(x1 - x0), height=_n(rh), class_="lane"))
+        if rh >= 10 or i % max(1, round(10 / rh)) == 0:
+            out.append(el("text", f"#{a.attempt}", x=_n(x0 - 6), y=_n(y + rh / 2), class_="lbl",
+                          text_anchor="end", dominant_baseline="middle"))
+    return out
+
+
+def _lane_middle(row: dict[int, int], attempt: int | None, rh: float) -> float:
+    """The middle of an attempt's lane; a mark of no known attempt goes on the first one."""
+    lane = row.get(attempt, 0) if attempt is not None else 0
+    return TOP + lane * rh + rh / 2
+
+
+def _marks(items: Iterable[tuple[Marker, float, float]], r: float) -> list[Html]:
+    return [el("g", el("title", m.label), _marker_shape(m.kind, x, y, r), class_="mark") for m, x, y in items]
+
+
+def wall_chart(report: Report, marks: Sequence[Marker]) -> Html | None:
+    """Attempts on wall-clock time: one lane each, a bar from start to end, the marks on top and the
+    requeues (new job sessions) as dashed lines. None when no attempt has a start time."""
+    attempts = [a for a in report.attempts if a.start is not None]
+    if not attempts:
+        return None
+    times = [a.start for a in attempts if a.start is not None]
+    times += [a.end for a in attempts if a.end is not None]
+    times += [m.ts for m in marks if m.ts is not None]
+    times += [p.ts for p in report.series]
+    t0, t1 = min(times), max(times)
+    span = max(t1 - t0, 1.0)
+    rh = _row_height(len(report.attempts))
+    x0, x1 = LEFT, CHART_W - RIGHT
+    height = TOP + rh * len(report.attempts) + AXIS_H
+
+    def x(ts: float) -> float:
+        return x0 + (ts - t0) / span * (x1 - x0)
+
+    row = {a.attempt: i for i, a in enumerate(report.attempts)}
+    body = _lanes(report.attempts, rh, x0, x1)
+    bottom = TOP + rh * len(report.attempts)
+    for off in time_ticks(span):
+        gx = x(t0 + off)
+        body.append(el("line", x1=_n(gx), y1=_n(TOP), x2=_n(gx), y2=_n(bottom), class_="grid"))
+        body.append(el("text", fmt_offset(off), x=_n(gx), y=_n(bottom + 14), class_="tick",
+                       text_anchor="middle"))
+    body.append(el("text", f"wall-clock time since {fmt_ts(t0)}", x=_n((x0 + x1) / 2), y=_n(bottom + 30),
+                   class_="axis", text_anchor="middle"))
+    for job in report.run.jobs[1:]:
+        if job.start is not None:
+            jx = x(job.start)
+            body.append(el("g", el("title", f"job {job.job_id or '-'} (requeue {job.restart_count or '?'}) started "
+                                            f"on {job.host or '?'} at {fmt_ts(job.start)}"),
+                           el("line", x1=_n(jx), y1=_n(TOP), x2=_n(jx), y2=_n(bottom), class_="session"),
+                           class_="mark"))
+    for a in attempts:
+        i = row[a.attempt]
+        assert a.start is not None
+        end = a.end if a.end is not None else max([p.ts for p in report.series if p.attempt == a.attempt]
+                                                  + [a.last_progress_ts or a.start])
+        bx, bw = x(a.start), max(x(end) - x(a.start), 2.0)
+        body.append(el("g", el("title", f"attempt {a.attempt}: {fmt_ts(a.start)} to "
+                                        f"{fmt_ts(a.end) if a.end is not None else 'still running'} "
+                                        f"({fmt_duration(a.duration)}), {a.end_class or 'running'}"),
+                       el("rect", x=_n(bx), y=_n(TOP + i * rh + rh * 0.2), width=_n(bw), height=_n(rh * 0.6),
+                          rx="2", class_=f"bar k-{end_kind(a)}"), class_="mark"))
+    placed = []
+    for m in marks:
+        if m.ts is None or m.kind == "resume":
+            continue
+        placed.append((m, x(m.ts), _lane_middle(row, m.attempt, rh)))
+    body.extend(_marks(placed, min(rh * 0.38, 7.0)))
+    desc = (f"{len(report.attempts)} attempt(s) from {fmt_ts(t0)} to {fmt_ts(t1)} ({fmt_duration(t1 - t0)}), "
+            f"{len(report.run.jobs)} job session(s). " + _marks_summary(marks))
+    return _chart("timeline-wall", "Attempts on wall-clock time", desc, height, body)
+
+
+def step_chart(report: Report, marks: Sequence[Marker]) -> Html | None:
+    """Attempts on the step axis: each bar from the step it started at to the last step it reached;
+    the part the next attempt had to redo (steps lost) hatched. None when no step is known."""
+    steps = [s for a in report.attempts for s in (a.resume_step, a.first_step, a.last_step) if s is not None]
+    steps += [m.step for m in marks if m.step is not None]
+    if not steps:
+        return None
+    top = max(max(steps), 1)
+    rh = _row_height(len(report.attempts))
+    x0, x1 = LEFT, CHART_W - RIGHT
+    bottom = TOP + rh * len(report.attempts)
+    height = bottom + AXIS_H
+
+    def x(step: float) -> float:
+        return x0 + step / top * (x1 - x0)
+
+    row = {a.attempt: i for i, a in enumerate(report.attempts)}
+    body = _lanes(report.attempts, rh, x0, x1)
+    for t in step_ticks(top):
+        gx = x(t)
+        body.append(el("line", x1=_n(gx), y1=_n(TOP), x2=_n(gx), y2=_n(bottom), class_="grid"))
+        body.append(el("text", fmt_steps(t), x=_n(gx), y=_n(bottom + 14), class_="tick", text_anchor="middle"))
+    body.append(el("text", "training step", x=_n((x0 + x1) / 2), y=_n(bottom + 30), class_="axis",
+                   text_anchor="middle"))
+    for a in report.attempts:
+        i = row[a.attempt]
+        fresh = a.resume_step is None and a.resume_path is None
+        first = 0 if fresh else (a.resume_step if a.resume_step is not None else (a.first_step or 0))
+        if a.last_step is None:
+            continue
+        last = max(a.last_step, first)
+        y = TOP + i * rh + rh * 0.2
+        body.append(el("g", el("title", f"attempt {a.attempt}: steps {first} to {last}, {a.end_class or 'running'}"),
+                       el("rect", x=_n(x(first)), y=_n(y), width=_n(max(x(last) - x(first), 2.0)),
+                          height=_n(rh * 0.6), rx="2", class_=f"bar k-{end_kind(a)}"), class_="mark"))
+        if a.steps_lost:
+            lo = max(last - a.steps_lost, 0)
+            body.append(el("g", el("title", f"attempt {a.attempt}: {fmt_lost(a.steps_lost, a.steps_lost_at_least)} "
+                                            f"steps lost (steps {lo} to {last} were done again)"),
+                           el("rect", x=_n(x(lo)), y=_n(y), width=_n(max(x(last) - x(lo), 2.0)),
+                              height=_n(rh * 0.6), class_="lost"), class_="mark"))
+    placed = []
+    for m in marks:
+        if m.step is None:
+            continue
+        placed.append((m, x(m.step), _lane_middle(row, m.attempt, rh)))
+    body.extend(_marks(placed, min(rh * 0.38, 7.0)))
+    desc = (f"{len(report.attempts)} attempt(s) up to step {top}; {fmt_lost(report.run.steps_lost, report.run.steps_lost_at_least)} "
+            f"steps lost in all (hatched). " + _marks_summary(marks))
+    return _chart("timeline-steps", "Attempts on the step axis", desc, height, body)
+
+
+def _marks_summary(marks: Sequence[Marker]) -> str:
+    counts: dict[str, int] = {}
+    for m in marks:
+        counts[m.kind] = counts.get(m.kind, 0) + 1
+    if not counts:
+        return "Nothing marked."
+    return "Marked: " + ", ".join(f"{counts[k]} {MARKER_NAMES[k]}" for k in MARKER_NAMES if k in counts) + "."
+
+
+def _legend(marks: Sequence[Marker]) -> Html:
+    items = []
+    for kind, name in (("ok", "completed"), ("sched", "preempted / time limit"), ("fail", "failed"),
+                       ("person", "cancelled by a person"), ("running", "running / no end logged")):
+        items.append(el("li", el("svg", el("rect", x="1", y="3", width="22", height="10", rx="2", class_=f"bar k-{kind}"),
+                                 viewBox="0 0 24 16", width="24", height="16", aria_hidden="true"), " ", name))
+    items.append(el("li", el("svg", el("rect", x="1", y="3", width="22", height="10", class_="lost"),
+                             viewBox="0 0 24 16", width="24", height="16", aria_hidden="true"), " steps lost"))
+    present = {m.kind for m in marks}
+    for kind, name in MARKER_NAMES.items():
+        if kind in present:
+            items.append(el("li", el("svg", _marker_shape(kind, 12, 8, 6), viewBox="0 0 24 16", width="24",
+                                     height="16", aria_hidden="true"), " ", name))
+    return el("ul", *items, class_="legend", aria_label="legend")
+
+
+# ---------------------------------------------------------------------------------------------
+# Text parts
+
+
+def _cell(v: Any) -> str:
+    if v is None or v == "":
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v)
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, caption: str | None = None,
+          table_id: str | None = None, numeric: Iterable[int] = ()) -> Html:
+    """A plain table; cells may be :class:`Html` (badges, bars) or anything printable."""
+    num = set(numeric)
+    head = el("thead", el("tr", *(el("th", h, scope="col") for h in headers)))
+    body = el("tbody", *(el("tr", *(el("td", c if isinstance(c, Html) else _cell(c),
+                                       class_="num" if j in num else None) for j, c in enumerate(r)))
+                         for r in rows))
+    return el("table", el("caption", caption) if caption else None, head, body, id=table_id)
+
+
+def badge(text: str, kind: str) -> Html:
+    return el("span", text, class_=f"badge k-{kind}")
+
+
+def _lost_cell(a: AttemptRow, most: int) -> Html:
+    text = fmt_lost(a.steps_lost, a.steps_lost_at_least)
+    if not a.steps_lost or most <= 0:
+        return esc(text)
+    width = max(2, round(60 * a.steps_lost / most))
+    return join(el("span", class_="lostbar", style=f"width:{width}px", aria_hidden="true"), " ", text)
+
+
+def _resume(a: AttemptRow) -> str:
+    if a.resume_path is None and a.resume_step is None:
+        return "fresh start"
+    return f"{(a.resume_path or '?').rsplit('/', 1)[-1]} (step {_cell(a.resume_step)})"
+
+
+def attempts_table(report: Report) -> Html:
+    most = max((a.steps_lost or 0 for a in report.attempts), default=0)
+    rows = []
+    for a in report.attempts:
+        steps = "-" if a.first_step is None and a.last_step is None else f"{_cell(a.first_step)} → {_cell(a.last_step)}"
+        end = badge(a.end_class or ("running" if not a.ended else "?"), end_kind(a))
+        rows.append((a.attempt, a.job_id, a.restart_count, ", ".join(a.nodes) or a.host, fmt_ts_short(a.start),
+                     fmt_duration(a.duration), _resume(a), steps, a.last_durable_step, end, a.action,
+                     f"{a.saves_ok}" + (f" (+{a.saves_failed} failed)" if a.saves_failed else ""),
+                     _lost_cell(a, most), fmt_duration(a.wall_lost)))
+    return table(("#", "job", "requeue", "node", "start", "duration", "resumed from", "steps", "last saved",
+                  "end", "action", "saves", "steps lost", "wall lost"), rows,
+                 caption="One row per launch of the training (attempt), in order", table_id="attempts-table",
+                 numeric=(0, 8, 11, 12, 13))
+
+
+def failures_part(report: Report) -> list[Html]:
+    failed = [a for a in report.attempts if a.failed]
+    if not failed:
+        return [el("p", "No attempt failed.")]
+    out = []
+    for a in failed:
+        step = a.evidence_step if a.evidence_step is not None else a.last_step
+        head = (f"Attempt {a.attempt}: {a.end_class} at step {_cell(step)}"
+                f"{' on ' + a.failure_node if a.failure_node else ''}")
+        lines = a.evidence_lines or ((a.evidence,) if a.evidence else ())
+        what = [el("h3", head, id=f"failure-{a.attempt}")]
+        facts = [f"exit code {_cell(a.exit_code)}", f"signal {_cell(a.signal)}", f"then: {_cell(a.action)}"]
+        if a.decision:
+            facts.append(f"because: {a.decision}")
+        what.append(el("p", "; ".join(facts)))
+        if lines:
+            what.append(el("pre", "\n".join(lines), class_="evidence", aria_label=f"evidence of attempt {a.attempt}"))
+        else:
+            what.append(el("p", "No evidence line in the output (the log says why in the reason above)."))
+        if a.context_lines:
+            what.append(el("details", el("summary", f"output around it ({len(a.context_lines)} lines)"),
+                           el("pre", "\n".join(a.context_lines), class_="context")))
+        out.append(el("article", *what, class_="failure"))
+    return out
+
+
+def _checkpoint_counts(rows: Sequence[CheckpointRow]) -> str:
+    counts: dict[str, int] = {}
+    for c in rows:
+        key = c.verdict or "unchecked"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+
+
+_VERDICT_KIND = {"valid": "ok", "corrupt": "fail", "unverifiable": "sched", "in_progress": "running"}
+
+
+def checkpoints_part(report: Report) -> list[Html]:
+    out: list[Html] = []
+    if report.checkpoints is None:
+        out.append(el("p", "Not scanned (the checkpoint directory was not found here, or the scan was skipped)."))
+    elif not report.checkpoints:
+        out.append(el("p", "None found in the checkpoint directory."))
+    else:
+        out.append(el("p", f"{len(report.checkpoints)} in {report.run.checkpoint_dir or 'the checkpoint directory'}: "
+                           f"{_checkpoint_counts(report.checkpoints)}. Checked without loading them "
+                           "(no pickle is run)."))
+        out.append(table(("file", "size", "verdict", "step", "format", "level", "reason"),
+                         [(c.file, fmt_size(c.size), badge(c.verdict or "unchecked", _VERDICT_KIND.get(c.verdict or "", "unknown")),
+                           c.step, c.format, c.level, c.reason) for c in report.checkpoints],
+                         caption="Checkpoints in the directory, by step", table_id="checkpoints-table",
+                         numeric=(1, 3)))
+    out.append(el("h3", "Quarantined", id="quarantined"))
+    if not report.quarantined:
+        out.append(el("p", "Nothing was quarantined."))
+    else:
+        out.append(el("p", "Torn or corrupt files renamed aside (never deleted), with why:"))
+        out.append(table(("file", "original", "size", "step", "attempt", "when", "level", "reason", "on disk"),
+                         [_quarantine_row(q) for q in report.quarantined],
+                         caption="Quarantined checkpoints", table_id="quarantine-table", numeric=(2, 3, 4)))
+    return out
+
+
+def _quarantine_row(q: QuarantineRow) -> tuple[Any, ...]:
+    return (q.file, (q.original or "-").rsplit("/", 1)[-1], fmt_size(q.size), q.step, q.attempt, fmt_ts_short(q.ts),
+            q.level, q.reason, q.on_disk)
+
+
+def _plain_value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(_plain_value(i) for i in v)
+    return _cell(v)
+
+
+def verdict_part(report: Report) -> list[Html]:
+    v = report.verdict
+    if v is None:
+        return [el("p", "No verdict: no attempt was judged yet.")]
+    kind = "ok" if v.ok else ("unknown" if v.ok is None else "fail")
+    out = [el("p", badge("within budget" if v.ok else ("unknown" if v.ok is None else "stopped / exceeded"), kind),
+              " ", verdict_line(v.ok, v.budget, v.reason, v.source), class_="verdict")]
+    if v.numbers:
+        out.append(el("details", el("summary", "the numbers"),
+                      table(("what", "value"), [(k, _plain_value(val)) for k, val in v.numbers.items()],
+                            table_id="verdict-numbers")))
+    return out
+
+
+def results_part(report: Report) -> list[Html]:
+    check = report.run.results_check
+    if check is None:
+        return []
+    free = "an unknown number of" if check.crash_free_steps is None else str(check.crash_free_steps)
+    head = "Results need a check" if not check.settled else "Results check (settled)"
+    return [el("section", el("h2", head), el("p", badge("check" if not check.settled else "settled",
+                                                        "fail" if not check.settled else "sched"), " ",
+                                             f"{free} crash-free steps since the last of these; a fix is believed "
+                                             f"after {check.crash_free_needed}. A memory or device error can corrupt "
+                                             "weights or gradients silently before it crashes: compare against a "
+                                             "known-good run."),
+               table(("attempt", "what", "step", "evidence"), [(e.attempt, e.what, e.step, e.evidence)
+                                                               for e in check.events], table_id="results-table"),
+               id="results-check", class_="alert" if not check.settled else None)]
+
+
+def drift_part(report: Report) -> list[Html]:
+    breaking = [d for d in report.drift if d.breaks_reproducibility]
+    info = [d for d in report.drift if not d.breaks_reproducibility]
+    out: list[Html] = []
+    if not breaking:
+        if len(report.run.manifests) > 1:
+            out.append(el("p", f"None: the {len(report.run.manifests)} attempts with a manifest ran the same code, "
+                               "config, software and GPU setup."))
+        else:
+            out.append(el("p", "Not checked: fewer than two attempts have a manifest."))
+    else:
+        out.append(el("p", badge("drift", "fail"), " Not one reproducible run: these changed between attempts."))
+        out.append(table(("what", "attempts", "old", "new"),
+                         [(d.what, f"{d.from_attempt} → {d.to_attempt}", _plain_value(d.old), _plain_value(d.new))
+                          for d in breaking], table_id="drift-table"))
+    if info:
+        out.append(el("p", "Changed, without affecting reproducibility:"))
+        out.append(el("ul", *(el("li", f"{d.what}: {_plain_value(d.old)} → {_plain_value(d.new)} "
+                                       f"(attempt {d.from_attempt} → {d.to_attempt})") for d in info)))
+    return out
+
+
+def _summary(report: Report) -> Html:
+    run = report.run
+    lost = fmt_lost(run.steps_lost, run.steps_lost_at_least)
+    items: list[tuple[str, Any]] = [
+        ("outcome", (run.outcome or "running / no end logged")
+         + (f" (exit {run.exit_code})" if run.exit_code is not None else "")),
+        ("reason", run.reason),
+        ("attempts", f"{run.attempts} ({run.restarts} restart(s) in place, {run.requeues} requeue(s))"),
+        ("final step", run.final_step),
+        ("steps lost", lost),
+        ("wall time lost", fmt_duration(run.wall_lost)),
+        ("started", fmt_ts(run.start)),
+        ("ended", fmt_ts(run.end)),
+        ("duration", fmt_duration(run.duration)),
+        ("run directory", run.run_dir),
+        ("checkpoint directory", run.checkpoint_dir),
+    ]
+    return el("dl", *(join(el("dt", k), el("dd", _cell(v))) for k, v in items), class_="summary")
+
+
+def _outcome_kind(report: Report) -> str:
+    outcome = report.run.outcome
+    if outcome == "complete":
+        return "ok" if not report.run.problems else "sched"
+    if outcome == "requeue":
+        return "sched"
+    if outcome == "interrupted":
+        return "person"
+    if outcome is None:
+        return "running"
+    return "fail"
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+
+CSS = """
+:root{--fg:#1b1f24;--muted:#57606a;--bg:#fff;--panel:#f6f8fa;--line:#d0d7de;--ok:#1a7f37;--sched:#bc6c00;
+--fail:#cf222e;--person:#6e7781;--run:#0969da;--q:#8250df;--stall:#953800;--save:#1f6feb}
+@media (prefers-color-scheme:dark){:root{--fg:#e6edf3;--muted:#9198a1;--bg:#0d1117;--panel:#161b22;
+--line:#30363d;--ok:#3fb950;--sched:#d29922;--fail:#f85149;--person:#8b949e;--run:#58a6ff;--q:#bc8cff;
+--stall:#db6d28;--save:#79c0ff}}
+*{box-sizing:border-box}
+body{margin:0 auto;max-width:1100px;padding:16px 20px 40px;font:14px/1.45 system-ui,-apple-system,"Segoe UI",
+Roboto,"Helvetica Neue",Arial,sans-serif;color:var(--fg);background:var(--bg)}
+h1{font-size:1.6em;margin:.2em 0}h2{font-size:1.25em;border-bottom:1px solid var(--line);padding-bottom:4px;
+margin-top:1.8em}h3{font-size:1.05em;margin:1.2em 0 .3em}
+nav ul{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:4px 14px}
+a{color:var(--run)}
+dl.summary{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;background:var(--panel);
+padding:10px 14px;border-radius:6px;border:1px solid var(--line)}
+dl.summary dt{color:var(--muted)}dl.summary dd{margin:0;overflow-wrap:anywhere}
+table{border-collapse:collapse;width:100%;margin:.5em 0;font-size:13px}
+caption{text-align:left;color:var(--muted);padding:2px 0}
+th,td{border:1px solid var(--line);padding:3px 6px;text-align:left;vertical-align:top;overflow-wrap:break-word}
+th{background:var(--panel);white-space:nowrap}td.num{text-align:right;white-space:nowrap}
+.badge{display:inline-block;padding:0 7px;border-radius:10px;font-size:12px;font-weight:600;color:#fff;
+background:var(--person);white-space:nowrap}
+.badge.k-ok{background:var(--ok)}.badge.k-sched{background:var(--sched)}.badge.k-fail{background:var(--fail)}
+.badge.k-running{background:var(--run)}
+.outcome{font-size:1.1em}
+.alert{border-left:4px solid var(--fail);padding-left:12px}
+ul.problems li{margin:2px 0}
+pre{background:var(--panel);border:1px solid var(--line);border-radius:6px;padding:8px 10px;overflow-x:auto;
+white-space:pre-wrap;overflow-wrap:anywhere;font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+pre.evidence{border-left:4px solid var(--fail)}
+article.failure{margin-bottom:1em}
+figure{margin:1em 0}figcaption{color:var(--muted);font-size:13px}
+svg.chart{width:100%;height:auto;display:block;background:var(--bg)}
+.lane{fill:var(--panel)}.grid{stroke:var(--line);stroke-width:1}.session{stroke:var(--muted);stroke-width:1.5;
+stroke-dasharray:5 4}
+.lbl,.tick{font-size:11px;fill:var(--muted)}.axis{font-size:12px;fill:var(--fg)}
+.bar{fill:var(--person);opacity:.85}.bar.k-ok{fill:var(--ok)}.bar.k-sched{fill:var(--sched)}
+.bar.k-fail{fill:var(--fail)}.bar.k-running{fill:var(--run)}.bar.k-unknown{fill:var(--person)}
+.lost{fill:var(--fail);fill-opacity:.35;stroke:var(--fail);stroke-width:1;stroke-dasharray:2 2}
+.mk{stroke-width:1.5}.mk-failure{stroke:var(--fail);stroke-width:2.5;fill:none}
+.mk-notice{fill:var(--sched);stroke:var(--bg)}.mk-save{fill:var(--save);stroke:var(--bg);stroke-width:.8}
+.mk-quarantine{fill:var(--q);stroke:var(--bg)}.mk-stall{fill:var(--stall);stroke:var(--bg)}
+.mk-requeue{fill:none;stroke:var(--fg);stroke-width:2}.mk-resume{fill:var(--bg);stroke:var(--ok);stroke-width:2}
+ul.legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:2px 16px;font-size:12px;color:var(--muted)}
+ul.legend svg{vertical-align:middle}
+.lostbar{display:inline-block;height:9px;background:var(--fail);opacity:.6;border-radius:2px;vertical-align:middle}
+footer{margin-top:3em;color:var(--muted);font-size:12px}
+@media print{nav{display:none}body{max-width:none}h2{break-after:avoid}table,figure{break-inside:avoid}}
+"""
+
+# Nothing is loaded from anywhere and no script runs, whatever the page holds.
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+
+SECTIONS = (("problems", "Needs a look"), ("verdict", "Budget verdict"), ("results-check", "Results check"),
+            ("timeline", "Timeline"), ("attempts", "Attempts"), ("failures", "First failures"),
+            ("events", "Events"), ("checkpoints", "Checkpoints"), ("drift", "Drift"), ("warnings", "Warnings"))
+
+
+def render_html(report: Report) -> str:
+    """The whole page, as one string (UTF-8 when written)."""
+    run = report.run
+    name = run.name or "run"
+    marks = markers(report)
+    parts: list[Html] = []
+    present: set[str] = set()
+
+    def section(sid: str, title: str, *content: Any, class_: str | None = None) -> None:
+        present.add(sid)
+        parts.append(el("section", el("h2", title), *content, id=sid, class_=class_))
+
+    if run.problems:
+        section("problems", "Needs a look", el("ul", *(el("li", p) for p in run.problems), class_="problems"),
+                class_="alert")
+    section("verdict", "Budget verdict", *verdict_part(report))
+    results = results_part(report)
+    if results:
+        present.add("results-check")
+        parts.extend(results)
+
+    charts: list[Html] = []
+    wall = wall_chart(report, marks)
+    steps = step_chart(report, marks)
+    if wall is not None:
+        charts.append(el("figure", wall, el("figcaption", "Each lane is one attempt, left to right in wall-clock time; "
+                                                          "dashed lines are new job sessions (requeues). Hover a mark "
+                                                          "for what it is.")))
+    if steps is not None:
+        charts.append(el("figure", steps, el("figcaption", "The same attempts on the step axis: where each one started "
+                                                           "and how far it got; hatched steps were lost and done again.")))
+    if charts:
+        section("timeline", "Timeline", _legend(marks), *charts)
+    else:
+        section("timeline", "Timeline", el("p", "No attempt has started yet: nothing to draw."))
+    section("attempts", "Attempts", attempts_table(report) if report.attempts else el("p", "No attempts."))
+    section("failures", "First failure of each attempt", *failures_part(report))
+    section("events", "Events", el("ul", *(el("li", line) for line in event_lines(report))))
+    section("checkpoints", "Checkpoints", *checkpoints_part(report))
+    section("drift", "Drift between attempts", *drift_part(report))
+    if report.warnings:
+        section("warnings", "Warnings", el("ul", *(el("li", w) for w in report.warnings)))
+
+    nav = el("nav", el("ul", *(el("li", el("a", title, href=f"#{sid}")) for sid, title in SECTIONS if sid in present)),
+             aria_label="sections")
+    outcome = el("p", badge(run.outcome or "running", _outcome_kind(report)), " ",
+                 run.reason or ("no run_end logged yet: running, or the supervisor was killed"), class_="outcome")
+    head = el("head", Html('<meta charset="utf-8">'),
+              Html(f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">'),
+              Html('<meta name="viewport" content="width=device-width, initial-scale=1">'),
+              Html('<meta name="color-scheme" content="light dark">'),
+              el("title", f"{name}: post-mortem ({run.outcome or 'running'})"),
+              el("style", Html(CSS)))
+    body = el("body", el("header", el("h1", f"Run {name}", id="top"), outcome, _summary(report)), nav,
+              el("main", *parts),
+              el("footer", f"supervise report {__version__}, folded from {run.run_dir or 'the run directory'}"
+                           "/supervisor/events.jsonl. Self-contained: no script, nothing loaded from the network."))
+    return "<!DOCTYPE html>\n" + el("html", head, body, lang="en") + "\n"
+
+
+def section_ids(page: str) -> list[str]:
+    """The ids of the page's sections, in order (what a reader can jump to)."""
+    return re.findall(r'<section id="([^"]+)"', page)
+
+
+__all__ = ["Html", "Marker", "el", "esc", "markers", "render_html", "section_ids", "step_chart", "time_ticks",
+           "wall_chart"]
