@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from supervisor.control import ControlServer, Kind, encode, new_token, parse_address  # noqa: E402
+from supervisor.control import ControlServer, Kind, new_token, parse_address, seal  # noqa: E402
 from supervisor.progress import StepExtractor  # noqa: E402
 
 CHILD = r"""
@@ -96,7 +96,7 @@ def child_env(server: ControlServer | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SUPERVISOR_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     if server is not None:
-        env.update(SUPERVISOR_CONTROL=server.address, SUPERVISOR_TOKEN=server.token, SUPERVISOR_ATTEMPT="1")
+        env.update(SUPERVISOR_CONTROL=server.address, SUPERVISOR_KEY=server.key, SUPERVISOR_ATTEMPT="1")
     return env
 
 
@@ -138,14 +138,15 @@ def server_throughput(count: int) -> float:
 
     with ControlServer(new_token()) as server:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        data = encode(Kind.HEARTBEAT, server.token, rank=0, pid=1, host="n1", attempt=1, step=123,
-                      metrics={"loss": 0.5, "lr": 1e-4})
         addr = parse_address(server.address)
         handled = 0
         elapsed = 0.0
+        seq = 0
         while handled < count:
             for _ in range(1000):  # fits the kernel queue: nothing is dropped
-                sock.sendto(data, addr)
+                seq += 1  # a fresh sequence number each time: the server rejects replays
+                sock.sendto(seal(Kind.HEARTBEAT, server.key, 7, seq, 0, rank=0, pid=1, host="n1", attempt=1,
+                                 step=123, metrics={"loss": 0.5, "lr": 1e-4}), addr)
             t = time.perf_counter()
             handled += len(server.poll(max_messages=2000))
             elapsed += time.perf_counter() - t

@@ -87,7 +87,7 @@ class FakeChannel:
         self.sent.append((self.clock.now() if self.clock else 0.0, str(getattr(kind, "value", kind)), fields))
         return 1
 
-    def flooded(self, now: float) -> bool:
+    def flooded(self, now: float, window: float = 60.0) -> bool:
         return self.flood
 
     def kinds(self) -> list[str]:

@@ -86,12 +86,14 @@ def test_stop_notice_reaches_every_task_on_every_node_over_the_channel(slurm_clu
     assert wait_for(lambda: (job_dir / "ready-0").exists() and (job_dir / "ready-1").exists(), 60), \
         f"the tasks never started heartbeating: {slurm_cluster.job_info(job)}"
     time.sleep(0.3)  # the supervisor drains its socket every tick: let it read both hellos
-    os.kill(int(pidfile.read_text()), signal.SIGTERM)  # a stop notice, as at the start of a grace
+    # A SIGTERM from outside the scheduler (the job stays RUNNING, no PreemptTime): the supervisor
+    # handles it like a notice (stop and save_now to every task), and ends the run as a person's stop.
+    os.kill(int(pidfile.read_text()), signal.SIGTERM)
 
     info = slurm_cluster.wait_finished(job, timeout=90)
     output = Path(info.std_out).read_text(errors="replace")
     assert info.state == "COMPLETED", output[-4000:]
-    assert "SUPERVISE EXIT 75" in output, output[-4000:]  # stopped for a notice: come back later
+    assert "SUPERVISE EXIT 130" in output, output[-4000:]  # a person's stop: never come back
 
     stopped = _stopped_lines(output)
     assert sorted(stopped) == [0, 1], output[-4000:]
@@ -107,11 +109,12 @@ def test_stop_notice_reaches_every_task_on_every_node_over_the_channel(slurm_clu
     end = events_named(run_dir, "attempt_end")[0]
     # Rank 0 owns the step: its last heartbeat is the attempt's last step, rank 1's (1000+) is not.
     assert end["last_step"] == int(stopped[0]["beat"]), (end, stopped)
-    assert end["class"] == "preempted"
+    assert end["class"] == "cancelled"
     shards = {Path(e["path"]).name: e["step"] for e in events_named(run_dir, "save_end")}
     for rank, fields in stopped.items():  # a datagram from each task on each node arrived
         assert shards.get(f"shard-rank{rank}-{fields['node']}.txt") == int(fields["beat"]), shards
-    assert [e["outcome"] for e in events_named(run_dir, "run_end")] == ["requeue"]
+    assert [e["outcome"] for e in events_named(run_dir, "run_end")] == ["interrupted"]
+    assert events_named(run_dir, "requeue") == []
 
 
 FORGE_PROBE = textwrap.dedent("""\

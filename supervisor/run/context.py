@@ -32,6 +32,7 @@ class RunContext:
     events: EventLog | None = None
     echo: bool = True
     host: str = "localhost"
+    lock: Any = None  # the run lock (supervisor.lock.RunLock), checked while the child runs
     noticed: bool = False  # a stop notice arrived in this job: exit quickly, the deadline wins
     interrupts: int = 0
     notice_signals: frozenset[int] = field(default_factory=frozenset)
@@ -48,6 +49,22 @@ class RunContext:
             self.events.emit(event, **fields)
         except Exception as exc:  # a full disk or a deleted run dir must not orphan the child
             log.error("could not record %s: %s", event.value, exc)
+
+    def read_events(self) -> list[Any]:
+        """The run's events so far, through the open log (events still waiting out a full disk
+        included); never raises."""
+        if self.events is not None:
+            try:
+                return list(self.events.read().events)
+            except Exception as exc:
+                log.error("could not read the event log: %s", exc)
+                return []
+        from ..events import read_events
+
+        try:
+            return list(read_events(self.layout.paths.events).events)
+        except OSError:
+            return []
 
     def broadcast(self, kind: str, **fields: Any) -> None:
         if self.channel is None:

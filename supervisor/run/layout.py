@@ -71,7 +71,7 @@ def child_plan(cfg: SupervisorConfig, argv: Sequence[str], environ: Mapping[str,
     env = dict(environ)
     env.update({
         "SUPERVISOR_CONTROL": control_address,
-        "SUPERVISOR_TOKEN": control_key,
+        "SUPERVISOR_KEY": control_key,  # authenticates datagrams; never sent on the wire
         "SUPERVISOR_RUN_DIR": str(layout.paths.run_dir),
         "SUPERVISOR_ATTEMPT": str(attempt),
         "SUPERVISOR_RESUME_FROM": resume_path or "",

@@ -23,7 +23,7 @@ from ..child import ChildExit, ChildSpec, resolve_command
 from ..config import SupervisorConfig
 from ..control import ControlServer, new_token
 from ..errors import ExitCode, UsageError
-from ..events import Ev, EventLog, read_events
+from ..events import Ev, EventLog
 from ..failures import classify
 from ..budget import ledger_from_events
 from ..lock import RunLock
@@ -116,10 +116,11 @@ class Runner:
         self._check_inputs()
         lock = RunLock(self.paths.lock, self.paths.lock_owner)
         lock.acquire(ctx.environ)
+        ctx.lock = lock
         try:
             ctx.events = EventLog(self.paths.events, clock=self._clock.now)
             if self._own_channel:
-                server = ControlServer(new_token(), environ=ctx.environ)
+                server = ControlServer(new_token(), environ=ctx.environ, clock=self._clock.now)
                 server.start()
                 ctx.channel, ctx.control_key = server, server.token
             if self._inbox is not None:
@@ -160,7 +161,7 @@ class Runner:
 
     def _run_attempts(self) -> RunResult:
         ctx = self.ctx
-        previous = read_events(self.paths.events).events
+        previous = ctx.read_events()
         attempt_no = max((e.get("attempt") for e in previous if e.event == Ev.ATTEMPT_START.value
                           and isinstance(e.get("attempt"), int)), default=0)
         ctx.emit(Ev.RUN_START, name=ctx.layout.name, run_dir=str(self.paths.run_dir),
@@ -240,6 +241,9 @@ class Runner:
     def _after_attempt(self, child: ChildHandle, exit_: ChildExit, state: AttemptState) -> RunResult | None:
         ctx = self.ctx
         ended = ctx.clock.now()
+        if state.lock_lost:
+            return self._end(RunOutcome.STOPPED, ExitCode.LOCKED, f"run directory taken over: {state.lock_lost}",
+                             state, stopped_by="lock")
         info = None
         if ctx.slurm_env.job_id and (state.notice is not None or exit_.status != 0):
             info = ctx.slurm.job_info_now(SETTLE_TIMEOUT)
@@ -267,7 +271,7 @@ class Runner:
         dropped, cut = child.lines_not_analysed()
         if dropped or cut:
             ctx.emit(Ev.WARNING, attempt=state.attempt, reason="output lines not analysed", dropped=dropped, cut=cut)
-        records = ledger_from_events(read_events(self.paths.events).events)
+        records = ledger_from_events(ctx.read_events())
         verdict = judge_attempt(failure, facts, records[:-1], records, ctx.cfg.policy, ctx.cfg.budget,
                                 ctx.slurm_env.job_id, exit_.status)
         if not done:

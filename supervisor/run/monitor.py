@@ -15,6 +15,8 @@ from typing import Any
 from ..checkpoints import DirWatcher
 from ..child import ChildExit
 from ..client import STACK_DUMP_SIGNAL
+from ..control import MAX_STEP, valid_step
+from ..errors import RunLockedError
 from ..events import Ev
 from ..preemption import InFlightSave
 from ..progress import LossTracker, ProgressTracker, StepExtractor
@@ -29,7 +31,8 @@ log = logging.getLogger("supervisor.run")
 TICK = 0.05  # seconds between monitor passes; signals and exits wake the loop sooner
 LINES_PER_TICK = 5000
 JOB_RECORD_REFRESH = 60.0  # seconds between background reads of the job record
-MAX_STEP = 2**53  # a step beyond this is not a step (and must never overflow arithmetic)
+LOCK_CHECK_EVERY = 5.0  # seconds between checks that the run lock is still ours
+MAX_PEERS = 4096  # clients and nodes remembered per attempt (both come from authenticated datagrams)
 
 
 @dataclass
@@ -43,6 +46,7 @@ class Watch:
     next_watch: float = 0.0
     next_poll: float = 0.0
     next_refresh: float = 0.0
+    next_lock_check: float = 0.0
     flood_warned: bool = False
 
 
@@ -66,6 +70,9 @@ def monitor(ctx: RunContext, child: Any, state: AttemptState) -> ChildExit:
                 pass
             drain_control(ctx, child, state, w, now)
             final_rescan(ctx, w.watcher, state, now)
+            rejected = getattr(w.extractor, "rejected", 0)
+            if rejected:
+                ctx.emit(Ev.WARNING, attempt=state.attempt, reason="step numbers out of range ignored", count=rejected)
             return exit_
         ctx.waker.wait(TICK)
 
@@ -99,6 +106,9 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
     if exit_ is not None:
         return exit_
     check_health(ctx, child, state, w, now)
+    if now >= w.next_lock_check:
+        w.next_lock_check = now + LOCK_CHECK_EVERY
+        check_lock(ctx, child, state, now)
     notices.check_block(ctx, child, state, now)
     notices.step(ctx, child, state, Tick(save_in_flight=state.in_flight is not None), now)
     return None
@@ -149,10 +159,6 @@ def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: i
                      ctx.clock.now())
 
 
-def _valid_step(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_STEP
-
-
 def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
     if ctx.channel is None:
         return
@@ -160,10 +166,11 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
         kind, f = str(getattr(msg.kind, "value", msg.kind)), msg.fields
         if msg.attempt is not None and msg.attempt != state.attempt:
             continue  # a straggler from an earlier attempt
-        state.clients.add(msg.sender)
-        if msg.host:
+        if len(state.clients) < MAX_PEERS:
+            state.clients.add(msg.sender)
+        if msg.host and len(state.nodes) < MAX_PEERS:
             state.nodes.add(str(msg.host))
-        if kind == "heartbeat" and _valid_step(f.get("step")):
+        if kind == "heartbeat" and valid_step(f.get("step")):
             if msg.rank not in (None, 0):
                 w.progress.touch(now)  # other ranks prove liveness; rank 0 owns the step
                 continue
@@ -171,18 +178,18 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
             loss = (f.get("metrics") or {}).get("loss") if isinstance(f.get("metrics"), dict) else None
             if isinstance(loss, (int, float)) and not isinstance(loss, bool):
                 check_loss(ctx, child, state, w, f["step"], float(loss))
-        elif kind == "resumed" and _valid_step(f.get("step")):
+        elif kind == "resumed" and valid_step(f.get("step")):
             state.reported_resume_step = f["step"]
             if not state.resume_checked:
                 audit_resume(ctx, child, state, f["step"])
         elif kind == "save_begin":
             w.progress.touch(now)
-            step = f.get("step") if _valid_step(f.get("step")) else None
+            step = f.get("step") if valid_step(f.get("step")) else None
             state.in_flight = InFlightSave(path=str(f.get("path")), step=step, started_at=now, source="client")
             ctx.emit(Ev.SAVE_BEGIN, attempt=state.attempt, step=step, path=f.get("path"), source="client")
         elif kind == "save_end":
             w.progress.touch(now)
-            step = f.get("step") if _valid_step(f.get("step")) else None
+            step = f.get("step") if valid_step(f.get("step")) else None
             record_save(ctx, state, step, str(f.get("path")), f.get("bytes"), f.get("duration"),
                         bool(f.get("ok", True)), "client", now)
             notices.step(ctx, child, state, SaveLanded(), now)
@@ -207,10 +214,29 @@ def check_loss(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step:
                      ctx.clock.now())
 
 
+def check_lock(ctx: RunContext, child: Any, state: AttemptState, now: float) -> None:
+    """The run directory may be deleted or replaced under a running supervisor; then a second one
+    could start on the same path. Re-take the lock, or stop if another supervisor holds it now."""
+    lock = ctx.lock
+    if lock is None or not hasattr(lock, "check"):
+        return
+    check = lock.check()
+    if check.held:
+        return
+    ctx.emit(Ev.WARNING, attempt=state.attempt, reason=f"run lock lost: {check.reason}")
+    log.warning("run lock lost (%s): taking it again", check.reason)
+    try:
+        lock.reacquire(ctx.environ)
+    except RunLockedError as exc:
+        state.lock_lost = str(exc)
+        log.error("another supervisor holds this run directory now: %s", exc)
+        notices.step(ctx, child, state, ForceKill("another supervisor holds the run directory"), now)
+
+
 def _flooded(ctx: RunContext, now: float) -> bool:
     probe = getattr(ctx.channel, "flooded", None)
     try:
-        return bool(probe(now)) if callable(probe) else False
+        return bool(probe(now, window=max(ctx.cfg.stall_timeout, 10.0))) if callable(probe) else False
     except Exception:
         return False
 

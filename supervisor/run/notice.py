@@ -106,7 +106,7 @@ def on_notice(ctx: RunContext, child: Any, state: AttemptState, source: str, sig
     ctx.slurm.request_job_info()
     ctx.emit(Ev.NOTICE, attempt=state.attempt, deadline_source=deadline.source, deadline_past=deadline.past,
              reason=deadline.reason, **notice.to_event())
-    history = SaveHistory.from_events(_events(ctx), unknown_save_s=pcfg.unknown_save_s)
+    history = SaveHistory.from_events(ctx.read_events(), unknown_save_s=pcfg.unknown_save_s)
     state.save_history = history
     durable = state.last_durable_step
     decision = arbitrate(now, deadline.at, pcfg.margin, state.in_flight, history,
@@ -128,15 +128,6 @@ def handles_term(child: Any) -> bool:
         return bool(catches(signal.SIGTERM)) if callable(catches) else False
     except Exception:
         return False
-
-
-def _events(ctx: RunContext) -> list[Any]:
-    from ..events import read_events
-
-    try:
-        return read_events(ctx.layout.paths.events).events
-    except OSError:
-        return []
 
 
 def refine_deadline(ctx: RunContext, state: AttemptState, now: float) -> None:

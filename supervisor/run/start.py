@@ -16,7 +16,7 @@ from typing import Any
 from ..budget import audit_durable_history
 from ..checkpoints import find_resume_point, quarantine_tag
 from ..checkpoints.naming import parse_name
-from ..events import Ev, read_events
+from ..events import Ev
 from .attempt import AttemptState
 from .context import RunContext
 from .saves import remove_stale_temp_files
@@ -67,8 +67,8 @@ def single_copy_hazard(saved_paths: list[str], present: list[str]) -> str | None
 
 
 def warn_single_copy(ctx: RunContext, attempt_no: int, result: Any) -> None:
+    events = ctx.read_events()
     try:
-        events = read_events(ctx.layout.paths.events).events
         present = [e.path for e in os.scandir(ctx.layout.ckpt_dir)]
     except OSError:
         return
@@ -89,10 +89,7 @@ def check_durable_history(ctx: RunContext, state: AttemptState) -> str | None:
                   "not starting from scratch")
         log.error("%s", reason)
         return f"resume audit failed: {reason}"
-    try:
-        events = read_events(ctx.layout.paths.events).events
-    except OSError:
-        return None
+    events = ctx.read_events()
     ckpt = ctx.layout.ckpt_dir.resolve()
     inside = []
     for e in events:
