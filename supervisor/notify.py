@@ -4,8 +4,9 @@ The run loop calls :func:`on_event` with every event it logs. Which events deser
 a pure decision (:func:`notification_for`); sending happens on one background thread fed by a bounded
 queue, with retries (tenacity) and a timeout per try. Nothing here may slow or stop the run:
 :func:`on_event` only puts on the queue and never raises; a notification that cannot be sent is
-logged and counted. At the end of the run, :func:`drain` gives the queue a bounded time to empty,
-since the last notifications (run complete, run stopped) come just before the process exits.
+logged and counted. The last notifications (run complete, run stopped) come just before the process
+exits: :func:`drain` gives the queue a bounded time to empty, and at interpreter exit it gets
+``min(timeout, 10 s)`` anyway.
 
 Notifications, and the log events that raise them:
 
@@ -24,6 +25,7 @@ Notifications, and the log events that raise them:
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -58,6 +60,7 @@ log = logging.getLogger("supervisor.notify")
 
 PAYLOAD_VERSION = 1
 MAX_BACKOFF_S = 60.0
+EXIT_DRAIN_MAX_S = 10.0  # at interpreter exit, pending notifications get at most this long
 MAX_ENV_VALUE = 4096  # a reason or path longer than this is cut in the command's environment
 MAX_OUTPUT_LOGGED = 500  # characters of a failing command's output kept in the log line
 
@@ -88,18 +91,23 @@ class Notification:
     key: str
 
 
+def _value(v: Any) -> str:
+    """An enum member's value (``RunOutcome.STOPPED`` -> ``"stopped"``), else the text itself."""
+    return str(v.value) if isinstance(v, Enum) else str(v)
+
+
 def notification_for(event_name: str, fields: Mapping[str, Any]) -> Notification | None:
     """The notification a logged event raises, if any (pure)."""
     if fields.get("held") is True:
         reason = str(fields.get("reason") or "the job is held: it runs again only after `scontrol release`")
         return Notification(NotifyEvent.HELD, reason, event_name, fields, f"held:{fields.get('job_id')}")
     if event_name == "run_end":
-        kind = _RUN_END.get(str(fields.get("outcome")))
+        kind = _RUN_END.get(_value(fields.get("outcome")))
         if kind is None:
             return None
         reason = str(fields.get("reason") or fields.get("outcome"))
         return Notification(kind, reason, event_name, fields, f"run_end:{kind.value}:{fields.get('attempts')}")
-    if event_name == "attempt_end" and fields.get("class") in _SUSPECT_CLASSES:
+    if event_name == "attempt_end" and _value(fields.get("class")) in _SUSPECT_CLASSES:
         step = fields.get("last_step")
         reason = (f"attempt {fields.get('attempt')} ended in {fields.get('class')} (last step {step}): weights or "
                   "gradients may be corrupt; compare against a known-good run")
@@ -242,6 +250,7 @@ class Notifier:
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._work, name="supervise-notify", daemon=True)
         self._thread.start()
+        atexit.register(self._drain_at_exit)
 
     def offer(self, event_name: str, fields: Mapping[str, Any]) -> None:
         """Called on the loop's thread: decide, then only enqueue."""
@@ -272,6 +281,15 @@ class Notifier:
         while self._queue.unfinished_tasks and time.monotonic() < end:
             time.sleep(0.01)
         return not self._queue.unfinished_tasks
+
+    def _drain_at_exit(self) -> None:
+        """The last notifications (run complete, stopped, cancelled) come just before the process
+        exits: give them one try's time, bounded, whoever forgot to call :func:`drain`."""
+        waiting = self._queue.unfinished_tasks
+        if waiting:
+            limit = min(self.cfg.timeout, EXIT_DRAIN_MAX_S)
+            log.info("waiting up to %gs for %d notification(s) to be sent", limit, waiting)
+            self.drain(limit)
 
     def snapshot(self) -> NotifyStats:
         """A copy of the counts, safe to read while the worker runs."""
@@ -348,12 +366,14 @@ def notifier_for(cfg: NotifyConfig) -> Notifier:
 
 
 def on_event(cfg: NotifyConfig, event_name: str, fields: Mapping[str, Any]) -> None:
-    """Offer one logged event (``run_start`` included: it names the run). Returns at once, never
-    raises: deciding is a dict lookup, sending happens on the notifier's thread."""
+    """Offer one logged event (``run_start`` included: it names the run); ``event_name`` is an
+    ``Ev`` or its value. Returns at once, never raises: deciding is a dict lookup, sending happens
+    on the notifier's thread."""
     if not cfg.enabled:
         return
     try:
-        notifier_for(cfg).offer(str(event_name), fields)
+        name = event_name.value if isinstance(event_name, Enum) else str(event_name)
+        notifier_for(cfg).offer(name, fields)
     except Exception as exc:  # noqa: BLE001 - a notification must never fail the run
         log.warning("notification skipped: %s: %s", type(exc).__name__, exc)
 

@@ -24,6 +24,7 @@ import pytest
 from supervisor import notify
 from supervisor.config import NotifyConfig, load_config
 from supervisor.errors import ConfigError
+from supervisor.events import Ev
 from supervisor.notify import NotifyEvent, notification_for, on_event
 
 RUN_START = {"name": "exp1", "run_dir": "/scratch/runs/exp1", "job_id": "4242", "host": "n1"}
@@ -120,6 +121,15 @@ def test_events_that_need_a_person(name: str, fields: dict[str, Any], expected: 
     assert n is not None and n.event is expected and n.trigger == name and n.reason
 
 
+def test_enum_values_are_read_as_their_values() -> None:
+    from supervisor.states import FailureClass, RunOutcome
+
+    stopped = notification_for("run_end", {"outcome": RunOutcome.STOPPED, "reason": "crash loop"})
+    suspect = notification_for("attempt_end", {"attempt": 1, "class": FailureClass.ILLEGAL_MEMORY_ACCESS})
+    assert stopped is not None and stopped.event is NotifyEvent.STOPPED
+    assert suspect is not None and suspect.event is NotifyEvent.RESULTS_CHECK
+
+
 @pytest.mark.parametrize(("name", "fields"), [
     ("run_end", {"outcome": "requeue", "reason": "preempted"}),  # normal on a preemptible QOS
     ("attempt_end", {"attempt": 1, "class": "native_crash"}),  # restarted: the budget watches it
@@ -178,9 +188,9 @@ def test_good_notify_config_from_yaml_and_environment(tmp_path: Path) -> None:
 
 def test_normal_endpoint_receives_the_payload(endpoint: Endpoint) -> None:
     c = cfg(url=endpoint.url)
-    on_event(c, "run_start", RUN_START)
-    on_event(c, "progress", {"attempt": 1, "step": 10})
-    on_event(c, "run_end", STOPPED)
+    on_event(c, Ev.RUN_START, RUN_START)  # the loop hands over the Ev it logged
+    on_event(c, Ev.PROGRESS, {"attempt": 1, "step": 10})
+    on_event(c, Ev.RUN_END, STOPPED)
     stats = notify.drain(c, timeout=10)
     assert stats is not None and stats.sent == 1 and stats.failed == 0, stats
     (got,) = endpoint.received
@@ -244,6 +254,18 @@ def test_unreachable_endpoint_is_counted_not_raised() -> None:
     on_event(c, "run_end", STOPPED)
     stats = notify.drain(c, timeout=20)
     assert stats is not None and stats.failed == 1 and stats.retried == 1
+
+
+def test_the_last_notification_is_sent_before_the_process_exits(endpoint: Endpoint) -> None:
+    """run_end is the supervisor's last event: a process that logs it and exits at once still tells."""
+    import subprocess
+
+    code = (f"from supervisor.config import NotifyConfig\nfrom supervisor.notify import on_event\n"
+            f"on_event(NotifyConfig(url={endpoint.url!r}), 'run_end', {{'outcome': 'complete', 'reason': 'done'}})\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert [r["body"]["event"] for r in endpoint.received] == ["complete"]
 
 
 def test_a_full_queue_drops_and_counts_without_blocking(endpoint: Endpoint) -> None:
