@@ -18,6 +18,7 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from .. import __version__
@@ -94,21 +95,33 @@ def end_kind(a: AttemptRow) -> str:
     return _END_KIND.get(a.end_class, "fail")
 
 
+class Mark(str, Enum):
+    """What a chart marks; the value names its CSS class (``mk-<value>``) and shape."""
+
+    FAILURE = "failure"
+    NOTICE = "notice"
+    REQUEUE = "requeue"
+    SAVE = "save"
+    QUARANTINE = "quarantine"
+    STALL = "stall"
+    RESUME = "resume"
+
+
 @dataclass(frozen=True)
 class Marker:
     """One thing that happened, placed on both axes where its time or step is known."""
 
-    kind: str  # failure | notice | requeue | save | quarantine | stall | resume
+    kind: Mark
     attempt: int | None
     ts: float | None
     step: int | None
     label: str  # the tooltip and the text alternative
 
 
-MARKER_NAMES = {
-    "failure": "crash / failure", "notice": "stop notice (preemption, time limit, cancel)",
-    "requeue": "requeue", "save": "checkpoint saved", "quarantine": "torn checkpoint quarantined",
-    "stall": "stall (no progress)", "resume": "resumed from a checkpoint",
+MARK_NAMES = {
+    Mark.FAILURE: "crash / failure", Mark.NOTICE: "stop notice (preemption, time limit, cancel)",
+    Mark.REQUEUE: "requeue", Mark.SAVE: "checkpoint saved", Mark.QUARANTINE: "torn checkpoint quarantined",
+    Mark.STALL: "stall (no progress)", Mark.RESUME: "resumed from a checkpoint",
 }
 
 
@@ -116,7 +129,7 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _step(v: Any) -> int | None:
+def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
@@ -126,23 +139,23 @@ def markers(report: Report) -> list[Marker]:
     by_attempt = {a.attempt: a for a in report.attempts}
     for a in report.attempts:
         if a.resume_step is not None:
-            out.append(Marker("resume", a.attempt, a.start, a.resume_step,
+            out.append(Marker(Mark.RESUME, a.attempt, a.start, a.resume_step,
                               f"attempt {a.attempt} resumed at step {a.resume_step}"
                               f" from {(a.resume_path or '?').rsplit('/', 1)[-1]}"))
         if a.failed:
             step = a.evidence_step if a.evidence_step is not None else a.last_step
-            out.append(Marker("failure", a.attempt, a.end, step,
+            out.append(Marker(Mark.FAILURE, a.attempt, a.end, step,
                               f"attempt {a.attempt}: {a.end_class} at step {step if step is not None else '?'}"
                               f"{' on ' + a.failure_node if a.failure_node else ''}: {a.evidence or '-'}"))
     for p in report.series:
         if p.kind == "save":
-            out.append(Marker("save", p.attempt, p.ts, p.step, f"attempt {p.attempt}: checkpoint of step {p.step} saved"))
+            out.append(Marker(Mark.SAVE, p.attempt, p.ts, p.step, f"attempt {p.attempt}: checkpoint of step {p.step} saved"))
     s = report.events_summary
     for notice in s.notices:
-        n = _step(notice.get("attempt"))
+        n = _int(notice.get("attempt"))
         row = by_attempt.get(n) if n is not None else None
         deadline = _num(notice.get("deadline"))
-        out.append(Marker("notice", n, _num(notice.get("ts")), row.last_step if row else None,
+        out.append(Marker(Mark.NOTICE, n, _num(notice.get("ts")), row.last_step if row else None,
                           f"attempt {n if n is not None else '?'}: stop notice "
                           f"({notice.get('signal') or notice.get('source') or '?'})"
                           f"{', deadline ' + fmt_ts(deadline) if deadline is not None else ''}"))
@@ -151,17 +164,17 @@ def markers(report: Report) -> list[Marker]:
             what = "requeue FAILED"
         else:
             what = "requeue"
-        n = _step(q.get("attempt"))
+        n = _int(q.get("attempt"))
         row = by_attempt.get(n) if n is not None else None
-        out.append(Marker("requeue", n, _num(q.get("ts")), row.last_step if row else None,
+        out.append(Marker(Mark.REQUEUE, n, _num(q.get("ts")), row.last_step if row else None,
                           f"{what} of job {q.get('job_id') or '-'} ({q.get('how') or '-'}): "
                           f"{q.get('reason') or q.get('result') or '-'}"))
     for st in s.stalls:
-        out.append(Marker("stall", _step(st.get("attempt")), _num(st.get("ts")), _step(st.get("last_step")),
+        out.append(Marker(Mark.STALL, _int(st.get("attempt")), _num(st.get("ts")), _int(st.get("last_step")),
                           f"attempt {st.get('attempt', '?')}: stall after step {st.get('last_step', '?')} "
                           f"({fmt_duration(_num(st.get('idle_s')))} idle)"))
     for qr in report.quarantined:
-        out.append(Marker("quarantine", qr.attempt, qr.ts, qr.step,
+        out.append(Marker(Mark.QUARANTINE, qr.attempt, qr.ts, qr.step,
                           f"quarantined {qr.original or qr.file} (step {qr.step if qr.step is not None else '?'}): "
                           f"{qr.reason or '-'}"))
     return out
@@ -228,24 +241,24 @@ def _row_height(n: int) -> float:
     return max(8.0, min(24.0, 420.0 / max(n, 1)))
 
 
-def _marker_shape(kind: str, x: float, y: float, r: float) -> Html:
+def _marker_shape(kind: Mark, x: float, y: float, r: float) -> Html:
     """A shape per kind, so the marks read without colour too (crosses, triangles, squares...)."""
-    cls = f"mk mk-{kind}"
-    if kind == "failure":
+    cls = f"mk mk-{kind.value}"
+    if kind is Mark.FAILURE:
         return el("path", d=f"M{_n(x - r)} {_n(y - r)}L{_n(x + r)} {_n(y + r)}M{_n(x - r)} {_n(y + r)}"
                             f"L{_n(x + r)} {_n(y - r)}", class_=cls)
-    if kind == "notice":
+    if kind is Mark.NOTICE:
         return el("path", d=f"M{_n(x - r)} {_n(y - r)}L{_n(x + r)} {_n(y - r)}L{_n(x)} {_n(y + r)}Z", class_=cls)
-    if kind == "save":
+    if kind is Mark.SAVE:
         h = r * 0.6
         return el("rect", x=_n(x - h), y=_n(y - h), width=_n(2 * h), height=_n(2 * h), class_=cls)
-    if kind == "quarantine":
+    if kind is Mark.QUARANTINE:
         return el("path", d=f"M{_n(x)} {_n(y - r)}L{_n(x + r)} {_n(y)}L{_n(x)} {_n(y + r)}L{_n(x - r)} {_n(y)}Z",
                   class_=cls)
-    if kind == "stall":
+    if kind is Mark.STALL:
         return el("path", d=f"M{_n(x - r)} {_n(y - r)}L{_n(x + r)} {_n(y - r)}L{_n(x - r)} {_n(y + r)}"
                             f"L{_n(x + r)} {_n(y + r)}Z", class_=cls)
-    if kind == "requeue":
+    if kind is Mark.REQUEUE:
         return el("circle", cx=_n(x), cy=_n(y), r=_n(r * 0.8), class_=cls)
     return el("circle", cx=_n(x), cy=_n(y), r=_n(r * 0.6), class_=cls)  # resume
 
@@ -328,7 +341,7 @@ def wall_chart(report: Report, marks: Sequence[Marker]) -> Html | None:
                           rx="2", class_=f"bar k-{end_kind(a)}"), class_="mark"))
     placed = []
     for m in marks:
-        if m.ts is None or m.kind == "resume":
+        if m.ts is None or m.kind is Mark.RESUME:
             continue
         placed.append((m, x(m.ts), _lane_middle(row, m.attempt, rh)))
     body.extend(_marks(placed, min(rh * 0.38, 7.0)))
@@ -390,12 +403,12 @@ def step_chart(report: Report, marks: Sequence[Marker]) -> Html | None:
 
 
 def _marks_summary(marks: Sequence[Marker]) -> str:
-    counts: dict[str, int] = {}
+    counts: dict[Mark, int] = {}
     for m in marks:
         counts[m.kind] = counts.get(m.kind, 0) + 1
     if not counts:
         return "Nothing marked."
-    return "Marked: " + ", ".join(f"{counts[k]} {MARKER_NAMES[k]}" for k in MARKER_NAMES if k in counts) + "."
+    return "Marked: " + ", ".join(f"{counts[k]} {MARK_NAMES[k]}" for k in MARK_NAMES if k in counts) + "."
 
 
 def _legend(marks: Sequence[Marker]) -> Html:
@@ -407,7 +420,7 @@ def _legend(marks: Sequence[Marker]) -> Html:
     items.append(el("li", el("svg", el("rect", x="1", y="3", width="22", height="10", class_="lost"),
                              viewBox="0 0 24 16", width="24", height="16", aria_hidden="true"), " steps lost"))
     present = {m.kind for m in marks}
-    for kind, name in MARKER_NAMES.items():
+    for kind, name in MARK_NAMES.items():
         if kind in present:
             items.append(el("li", el("svg", _marker_shape(kind, 12, 8, 6), viewBox="0 0 24 16", width="24",
                                      height="16", aria_hidden="true"), " ", name))
@@ -761,5 +774,5 @@ def section_ids(page: str) -> list[str]:
     return re.findall(r'<section id="([^"]+)"', page)
 
 
-__all__ = ["Html", "Marker", "el", "esc", "markers", "render_html", "section_ids", "step_chart", "time_ticks",
+__all__ = ["Html", "Mark", "Marker", "el", "esc", "markers", "render_html", "section_ids", "step_chart", "time_ticks",
            "wall_chart"]
