@@ -1,7 +1,7 @@
 """Import layering, read from the source (AST), so the design the folder layout shows stays true.
 
 * The training side (``client``, ``control``'s wire format, ``integrations``, ``determinism``,
-  ``checkpoints/atomic``) runs inside the user's training process: it imports only the standard
+  ``checkpoints/atomic``, ``sharded``) runs inside the user's training process: it imports only the standard
   library, itself, and (lazily) the framework it serves. Never click, yaml, tenacity, filelock.
 * The supervisor's modules form layers: leaves < decisions < adapters < run < cli. A module may
   import its own layer or lower ones, never higher (imports under ``if TYPE_CHECKING:`` excepted).
@@ -17,7 +17,8 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "supervisor"
 
 TRAINING_SIDE = {"supervisor.client", "supervisor.control", "supervisor.determinism", "supervisor.checkpoints.atomic",
-                 "supervisor.integrations", "supervisor.integrations.lightning", "supervisor.integrations.hf"}
+                 "supervisor.integrations", "supervisor.integrations.lightning", "supervisor.integrations.hf",
+                 "supervisor.sharded", "supervisor.integrations.dcp", "supervisor.integrations.deepspeed"}
 FRAMEWORKS = {"torch", "numpy", "lightning", "lightning_fabric", "pytorch_lightning", "transformers", "accelerate"}
 
 LEAVES, DECISIONS, ADAPTERS, RUN, CLI = range(5)
@@ -31,6 +32,7 @@ LEAF_MODULES = {
     "supervisor.checkpoints.naming", "supervisor.checkpoints.formats", "supervisor.checkpoints.outcome",
     "supervisor.checkpoints.limits", "supervisor.checkpoints.allowlist", "supervisor.slurm.env",
     "supervisor.slurm.parse", "supervisor.client", "supervisor.determinism", "supervisor.checkpoints.atomic",
+    "supervisor.sharded",
 }
 DECISION_MODULES = {
     "supervisor.config",  # the policy and budget tables the decisions are parameterised by

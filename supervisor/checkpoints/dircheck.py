@@ -3,7 +3,10 @@
 
 Directory formats have no single commit marker that covers every rank, so each check rebuilds
 the set of files the writer must have produced (from the manifest or the recorded world size)
-and runs the file ladder on each. Reasons say exactly what was checked.
+and runs the file ladder on each. A directory saved through :mod:`supervisor.sharded` carries
+one: its ``.supervisor-commit.json`` lists every file of every rank with its size (and CRC32 when
+recorded). That list is checked first (a mismatch is CORRUPT), then the format's own check runs
+as for any directory. Reasons say exactly what was checked.
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ..sharded import MARKER, CommitState, verify_commit
 from ..states import Verdict
 from . import formats as F
 from .allowlist import allowed_for
@@ -66,6 +70,14 @@ def _read_text(path: str, limit: int = MAX_SMALL_FILE) -> str:
 
 
 def check_dir(path: str, *, deep: bool = False, depth: int = 0) -> Outcome:
+    """A committed directory: its commit marker, then its format's check. Otherwise the format's
+    check alone."""
+    if os.path.lexists(os.path.join(path, MARKER)):
+        return check_committed(path, deep=deep, depth=depth)
+    return check_content(path, deep=deep, depth=depth)
+
+
+def check_content(path: str, *, deep: bool = False, depth: int = 0) -> Outcome:
     """Dispatch on the directory's detected format."""
     fmt = F.detect_dir(path)
     if fmt == F.DCP:
@@ -80,6 +92,40 @@ def check_dir(path: str, *, deep: bool = False, depth: int = 0) -> Outcome:
     if fmt == F.HF_TRAINER:
         return check_hf(path, deep=deep, depth=depth)
     return check_generic_dir(path, deep=deep, depth=depth)
+
+
+# ---------------------------------------------------------------------------- our commit marker
+
+
+def check_committed(path: str, *, deep: bool = False, depth: int = 0,
+                    content: Callable[[], Outcome] | None = None) -> Outcome:
+    """A directory committed by :mod:`supervisor.sharded`: the marker's manifest against the
+    files (names, sizes; CRC32s with ``deep``), then the format's own check (``content``, default
+    :func:`check_content`). The marker is written after every rank finished and fsynced, so a
+    mismatch means the directory changed after the commit or the commit is torn: CORRUPT."""
+    commit = verify_commit(path, deep=deep)
+    fmt = F.detect_dir(path)
+    if commit.state is CommitState.TORN:
+        level = 4 if "CRC32" in commit.reason else 1
+        return corrupt(fmt, level, f"commit marker: {commit.reason}", embedded_step=commit.step)
+    if commit.state is CommitState.UNCOMMITTED:  # the marker vanished between two looks
+        return (content or (lambda: check_content(path, deep=deep, depth=depth)))()
+    outcome = (content or (lambda: check_content(path, deep=deep, depth=depth)))()
+    step = outcome.embedded_step if outcome.embedded_step is not None else commit.step
+    if outcome.verdict is Verdict.CORRUPT:
+        return outcome.but(reason=f"{outcome.reason} (although its commit marker matches the file sizes)",
+                           embedded_step=step)
+    if commit.state is CommitState.CHANGED:
+        return unverifiable(outcome.format, min(outcome.level, 2), f"commit marker: {commit.reason}; {outcome.reason}",
+                            embedded_step=step, epoch=outcome.epoch, facts=outcome.facts, load_safe=outcome.load_safe)
+    summary = f"committed by {commit.world_size or '?'} rank(s): {commit.reason}"
+    if outcome.verdict is Verdict.UNVERIFIABLE and outcome.level == 0 and outcome.load_safe:
+        # A layout no validator knows (numpy shards, a custom writer): the manifest is the check.
+        return valid(outcome.format, 2, f"{summary}; contents not checked ({outcome.reason})", embedded_step=step)
+    level = outcome.level
+    if deep and commit.crc_checked and outcome.verdict is Verdict.VALID:
+        level = max(level, 4)
+    return outcome.but(reason=f"{summary}; {outcome.reason}", embedded_step=step, level=level)
 
 
 # ---------------------------------------------------------------------------- DCP
@@ -380,7 +426,12 @@ def check_deepspeed_save_dir(path: str, *, deep: bool = False) -> Outcome:
     tag_dir = os.path.join(path, tag)
     if os.path.sep in tag or "\0" in tag or tag in (".", "..") or not os.path.isdir(tag_dir):
         return corrupt(fmt, 1, f"'latest' names tag {tag[:80]!r}, which does not exist")
-    outcome = check_deepspeed_tag(tag_dir, deep=deep, reference_mtime=os.stat(latest).st_mtime)
+    if os.path.lexists(os.path.join(tag_dir, MARKER)):
+        # Committed: the marker proves the shard set, and 'latest' was written after the commit
+        # (so its age says nothing about the shards).
+        outcome = check_committed(tag_dir, deep=deep, content=lambda: check_deepspeed_tag(tag_dir, deep=deep))
+    else:
+        outcome = check_deepspeed_tag(tag_dir, deep=deep, reference_mtime=os.stat(latest).st_mtime)
     step = outcome.embedded_step if outcome.embedded_step is not None else step_from_name(tag)
     return outcome.but(reason=f"tag {tag}: {outcome.reason}", embedded_step=step)
 

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..sharded import parse_aside_name
 from .limits import MAX_STEP
 
 # Suffixes of single-file checkpoints we look at. Directories are judged by content, not suffix.
@@ -47,7 +48,7 @@ class NameInfo:
     stem: str  # without checkpoint suffix and without the -vN version
     step: int | None
     epoch: int | None
-    version: int  # 0 when no -vN
+    version: int  # 0 when no -vN; -1 for an old copy moved aside (``<name>.old-<nonce>``)
     is_last: bool  # last.ckpt, last-v1.ckpt, last/, latest.pt, ...-last.ckpt
 
 
@@ -60,9 +61,23 @@ def strip_suffix(name: str) -> str:
     return name
 
 
+def aside_original(name: str) -> str | None:
+    """``last.old-<nonce>`` -> ``last``: the name of a checkpoint that a sharded save's publish
+    moved aside (a crash between the two renames leaves it as the only complete copy), else None."""
+    parts = parse_aside_name(name)
+    return parts[0] if parts else None
+
+
 @lru_cache(maxsize=16384)
 def parse_name(name: str) -> NameInfo:
-    """Step, epoch, version and last-ness from a file or directory name (no directory part)."""
+    """Step, epoch, version and last-ness from a file or directory name (no directory part).
+    An old copy moved aside (``<name>.old-<nonce>``) says what ``<name>`` says, with version -1:
+    it ranks below ``<name>`` itself on equal steps."""
+    original = aside_original(name)
+    if original is not None:
+        info = parse_name(original)
+        return NameInfo(name=name, stem=info.stem, step=info.step, epoch=info.epoch, version=-1,
+                        is_last=info.is_last)
     stem = strip_suffix(name)
     version = 0
     match = _VERSION.search(stem)
@@ -84,7 +99,9 @@ def step_from_name(name: str) -> int | None:
     """The training step a name carries, or None. ``step=900.ckpt`` -> 900,
     ``epoch=3-step=9500-v1.ckpt`` -> 9500, ``global_step1200`` -> 1200, ``checkpoint-1500`` -> 1500,
     ``model_00012000.pt`` -> 12000, ``ckpt_300.pt`` -> 300, ``iter_0000100`` -> 100.
-    ``epoch=3.ckpt`` and ``hpc_ckpt_3.ckpt`` (a counter) carry no step."""
+    ``epoch=3.ckpt`` and ``hpc_ckpt_3.ckpt`` (a counter) carry no step. An old copy moved aside,
+    ``step-900.old-<nonce>``, carries its original's step."""
+    name = aside_original(name) or name
     stem = strip_suffix(name)
     version = _VERSION.search(stem)
     if version:

@@ -1,10 +1,12 @@
 """Zero-code save detection: watch the checkpoint dir between polls.
 
 A save is *in flight* while a temp file for it exists (``.<name>.tmp-*``, ``*.tmp``,
-``*.partial``, NeMo's ``-unfinished`` marker, DCP's ``.metadata.tmp``) or while a checkpoint's
-size/mtime/inode keeps changing between polls (``torch.save`` straight onto its final name). It
-is *complete* when the temp was renamed onto the final name, or when the checkpoint stayed
-unchanged over a whole poll interval (and, for DCP/HF dirs, its commit marker exists). The
+``*.partial``, NeMo's ``-unfinished`` marker, DCP's ``.metadata.tmp``, a sharded save's staging
+directory ``<name>.tmp-<attempt>-<nonce>/``) or while a checkpoint's size/mtime/inode keeps
+changing between polls (``torch.save`` straight onto its final name). It is *complete* when the
+temp was renamed onto the final name, or when the checkpoint stayed unchanged over a whole poll
+interval (and, for DCP/HF dirs and sharded saves, its commit marker exists). An old checkpoint a
+sharded save moves aside for a moment (``<name>.old-<nonce>``) is not a save. The
 first/last poll times bound the save's duration; the runner logs ``save_begin``/``save_end``
 from them and learns how long saves take.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..sharded import MARKER, parse_aside_name
 from . import formats as F
 from .naming import final_name_of_temp, has_checkpoint_suffix, is_temp_name, parse_name
 
@@ -139,7 +142,7 @@ class DirWatcher:
                 if final:
                     temps[name] = final
                 continue
-            if name.startswith(".") or name.startswith("CORRUPT_"):
+            if name.startswith((".", "CORRUPT_")) or parse_aside_name(name):
                 continue
             try:
                 if entry.is_dir(follow_symlinks=False):
@@ -189,7 +192,9 @@ def _dir_snap(path: str) -> tuple[_Snap, str | None]:
         names = set()
     fmt = F.detect_dir(path)
     committed = True
-    if fmt == F.DCP:
+    if MARKER in names:
+        pass  # a sharded save's commit marker: written last, after every rank's files
+    elif fmt == F.DCP:
         committed = ".metadata" in names or any(n.startswith("__") and n.endswith(".metadata") for n in names)
     elif fmt == F.HF_TRAINER:
         committed = "trainer_state.json" in names

@@ -15,7 +15,12 @@ What the callback does:
     batch without saving (exit status 0), the callback instead stops at a batch boundary, saves an
     emergency checkpoint first when the supervisor asks for one, and agrees on the stop across
     ranks so that every rank stops at the same step;
-  * tells the supervisor the step training resumed at (the resume audit checks it).
+  * tells the supervisor the step training resumed at (the resume audit checks it);
+  * with Lightning's ``DeepSpeedStrategy`` (which bypasses ``CheckpointIO``: every rank writes its
+    shards into the ``<name>.ckpt/`` *directory*, in place, so a kill mid-save leaves shards of two
+    saves in ``last.ckpt/``), makes each directory save atomic across ranks: DeepSpeed writes into a
+    staging directory, :mod:`supervisor.sharded` commits it under the final name once every rank is
+    done (the old ``last.ckpt/`` is replaced only then), and rank 0 reports the save.
 
 Works with ``lightning`` (``SupervisorCallback``) and ``pytorch_lightning``
 (``PLSupervisorCallback``); use the one whose ``Trainer`` you import.
@@ -33,7 +38,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .. import client
+from .. import client, sharded
 from . import emergency_save_wanted, resume_ckpt_path
 
 # Also SupervisorCallback and PLSupervisorCallback, built on first access (module __getattr__).
@@ -43,7 +48,7 @@ __all__ = ["resume_ckpt_path"]
 class _CheckpointIOLogic:
     """Wraps a ``CheckpointIO``: reports every write to the supervisor; atomic for local torch files."""
 
-    def __init__(self, inner: Any, owner: "_CallbackLogic", atomic: bool) -> None:
+    def __init__(self, inner: Any, owner: _CallbackLogic, atomic: bool) -> None:
         super().__init__()
         self.inner = inner
         self.owner = owner
@@ -100,6 +105,8 @@ class _CallbackLogic:
         if stage != "fit":
             return
         strategy = trainer.strategy
+        if self.atomic_saves and is_deepspeed_strategy(strategy):
+            make_deepspeed_saves_atomic(strategy, self)
         inner = strategy.checkpoint_io
         if isinstance(inner, _CheckpointIOLogic) or "Async" in type(inner).__name__:
             return  # already wrapped; async writes end later than the call: left to the dir watcher
@@ -177,6 +184,39 @@ class _CallbackLogic:
         return client.checkpoint_dir() or os.path.join(trainer.default_root_dir, "checkpoints")
 
 
+def is_deepspeed_strategy(strategy: Any) -> bool:
+    """Lightning's ``DeepSpeedStrategy`` (or a subclass), without importing deepspeed."""
+    return any(cls.__name__ == "DeepSpeedStrategy" for cls in type(strategy).__mro__)
+
+
+def make_deepspeed_saves_atomic(strategy: Any, owner: _CallbackLogic | None = None) -> None:
+    """Wrap ``strategy.save_checkpoint`` (a ``DeepSpeedStrategy``) so that each ``<name>.ckpt/``
+    directory save is committed atomically by all ranks (:func:`supervisor.sharded.saving_dir`)
+    and reported by rank 0. Idempotent. Remote paths (``s3://``) are saved as before."""
+    if getattr(strategy, "_supervisor_atomic_saves", False):
+        return
+    original = strategy.save_checkpoint
+
+    def save_checkpoint(checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        filepath = strategy.broadcast(filepath)  # rank 0's path, as the strategy itself does
+        if storage_options is not None or "://" in str(filepath):
+            original(checkpoint, filepath, storage_options)
+            return
+        step = checkpoint.get("global_step")
+        world = int(strategy.world_size)
+        several = world > 1
+        with sharded.saving_dir(step if isinstance(step, int) else None, filepath, rank=int(strategy.global_rank),
+                                world_size=world, barrier=strategy.barrier if several else None,
+                                broadcast=(lambda value: str(strategy.broadcast(value, src=0))) if several else None,
+                                writer="lightning_deepspeed") as staging:
+            original(checkpoint, str(staging), storage_options)
+        if owner is not None and isinstance(step, int):
+            owner.last_saved_step = step
+
+    strategy.save_checkpoint = save_checkpoint
+    strategy._supervisor_atomic_saves = True
+
+
 def _loss_of(outputs: Any) -> Any:
     """The loss from ``training_step``'s return value (a tensor or a dict with "loss"), unconverted."""
     if isinstance(outputs, Mapping):
@@ -187,7 +227,7 @@ def _loss_of(outputs: Any) -> Any:
     return detach() if callable(detach) else outputs
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _classes(flavor: str) -> tuple[type, type]:
     """(callback class, CheckpointIO class) built on ``lightning`` or ``pytorch_lightning``."""
     if flavor == "lightning":
