@@ -380,3 +380,6 @@ def test_stopped_run_page_in_the_browser(stopped_run: Path, tmp_path: Path) -> N
     text = " ".join(tags.text)
     assert rep["verdict"]["budget"] == "same_failure_limit" and "STOPPED (same_failure_limit)" in text
     assert text.count("native_crash at step 15") >= len(rep["attempts"]) == 2
+    # The policy said restart after each crash; after the last one the budget stopped the run.
+    assert [a["action"] for a in rep["attempts"]] == ["restart", "stop"]
+    assert "then: stop" in text

@@ -31,7 +31,7 @@ from ..ledger import (
     results_check,
 )
 from ..signals import signal_name
-from ..states import RunOutcome, Verdict
+from ..states import Action, RunOutcome, Verdict
 from .drift import DriftItem, find_drift
 
 # The ledger's definitions, as the strings the report shows: one definition of "not a failure".
@@ -587,6 +587,13 @@ def _attempt_row(record: AttemptRecord, acc: _Acc | None, sessions: list[_Sessio
     duration = _float(f.get("end_duration"))
     if duration is None and record.start is not None and record.end is not None:
         duration = max(record.end - record.start, 0.0)
+    action = record.action.value if record.action else _str(f.get("end_action")) or _str(fail.get("action"))
+    session = sessions[acc.session] if acc.session < len(sessions) else None
+    if (record.end is not None and session is not None and session.attempts[-1:] == [record.attempt]
+            and session.ended_by in (RunOutcome.STOPPED.value, RunOutcome.FAILED.value)):
+        # The failure event carries what the class's policy said (restart) before a budget stopped
+        # the run; nothing was restarted after the last attempt of a stopped run: its action is stop.
+        action = Action.STOP.value
     return AttemptRow(
         attempt=record.attempt,
         job_id=record.job_id or _str(sess.get("job_id")),
@@ -602,7 +609,7 @@ def _attempt_row(record: AttemptRecord, acc: _Acc | None, sessions: list[_Sessio
         exit_code=record.exit_code,
         signal=signal_name(record.signal) if record.signal is not None else None,
         end_class=record.cls.value if record.cls else _str(f.get("end_class")) or _str(fail.get("class")),
-        action=record.action.value if record.action else _str(f.get("end_action")) or _str(fail.get("action")),
+        action=action,
         evidence=_evidence_line(record.evidence),
         evidence_lines=_lines(record.evidence or fail.get("evidence")),
         context_lines=_lines(fail.get("context")),
