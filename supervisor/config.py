@@ -60,7 +60,7 @@ class BudgetConfig:
 
 @dataclass(frozen=True)
 class PreemptionConfig:
-    """Stop notices, the grace deadline, and requeue (DESIGN.md §5)."""
+    """Stop notices, the grace deadline, and requeue."""
 
     signals: tuple[str, ...] = ("TERM", "USR1")  # signals that mean "the allocation is ending"
     poll_interval: float = 0.0  # seconds between scontrol polls for PreemptTime; 0 = off
@@ -127,6 +127,112 @@ class NotifyConfig:
 
 
 @dataclass(frozen=True)
+class StallConfig:
+    """Stall detection while ``stall_timeout`` is 0 (the default): a timeout learned from the gaps
+    between step reports (docs/node-health.md). An explicit ``stall_timeout`` > 0 always wins."""
+
+    enabled: bool = True  # false: no stall verdict at all unless stall_timeout is set
+    floor: float = 600.0  # never call a stall sooner than this many seconds without progress ...
+    multiple: float = 10.0  # ... nor sooner than this multiple of the p99 gap between step reports
+    warmup_reports: int = 20  # gaps seen before the learned timeout applies (the first save also ends it)
+    startup_limit: float = 1800.0  # until then: seconds without progress (from the start or the last report)
+
+    def __post_init__(self) -> None:
+        if self.floor <= 0:
+            raise ConfigError("stall.floor", self.floor, "expected a number of seconds > 0 (e.g. 600)")
+        if self.multiple < 1:
+            raise ConfigError("stall.multiple", self.multiple, "expected a number >= 1 (e.g. 10)")
+        if self.warmup_reports < 1:
+            raise ConfigError("stall.warmup_reports", self.warmup_reports, "expected a whole number >= 1")
+        if self.startup_limit <= 0:
+            raise ConfigError("stall.startup_limit", self.startup_limit,
+                              "expected a number of seconds > 0 (e.g. 1800); set stall.enabled: false to turn "
+                              "stall detection off")
+
+
+@dataclass(frozen=True)
+class SlowNodeConfig:
+    """A node whose ranks step persistently slower than the ranks of the other nodes (docs/node-health.md)."""
+
+    ACTIONS: typing.ClassVar[tuple[str, ...]] = ("off", "warn", "requeue")
+
+    factor: float = 1.3  # the node's median step time over this multiple of its peers' median ...
+    min_samples: int = 5  # ... in at least this many of its samples ...
+    min_duration: float = 300.0  # ... for at least this many seconds: a slow_node event
+    window: float = 600.0  # step-time samples older than this many seconds are forgotten
+    action: str = "warn"  # off | warn | requeue (stop the attempt, requeue excluding the node)
+
+    def __post_init__(self) -> None:
+        if self.factor <= 1.0:
+            raise ConfigError("slow_node.factor", self.factor, "expected a number > 1 (e.g. 1.3)")
+        if self.min_samples < 1:
+            raise ConfigError("slow_node.min_samples", self.min_samples, "expected a whole number >= 1")
+        if self.window <= 0:
+            raise ConfigError("slow_node.window", self.window, "expected a number of seconds > 0")
+        if self.action not in self.ACTIONS:
+            raise ConfigError("slow_node.action", self.action, f"allowed: {', '.join(self.ACTIONS)}")
+
+
+@dataclass(frozen=True)
+class GpuCheckConfig:
+    """The GPU repeatability check (``supervise check-gpu``, ``preflight: [gpu]``) and when the run
+    loop runs it besides the preflight (docs/node-health.md)."""
+
+    AFTER_LOSS: typing.ClassVar[tuple[str, ...]] = ("off", "nonfinite", "any")
+
+    repeats: int = 300  # runs of each check: a fault on 1 % of calls is caught with probability 95 %
+    fault_rate: float = 0.01  # the per-call fault rate the printed detection power is stated for
+    timeout: float = 600.0  # seconds for the whole check before it counts as hung
+    after_loss_anomaly: str = "nonfinite"  # off | nonfinite | any: check before the next attempt
+
+    def __post_init__(self) -> None:
+        if self.repeats < 2:
+            raise ConfigError("gpu_check.repeats", self.repeats, "expected a whole number >= 2 (each run is "
+                              "compared bit for bit with the first)")
+        if not 0.0 < self.fault_rate < 1.0:
+            raise ConfigError("gpu_check.fault_rate", self.fault_rate, "expected a fraction between 0 and 1")
+        if self.timeout <= 0:
+            raise ConfigError("gpu_check.timeout", self.timeout, "expected a number of seconds > 0")
+        if self.after_loss_anomaly not in self.AFTER_LOSS:
+            raise ConfigError("gpu_check.after_loss_anomaly", self.after_loss_anomaly,
+                              f"allowed: {', '.join(self.AFTER_LOSS)}")
+
+
+@dataclass(frozen=True)
+class NodesConfig:
+    """The node health ledger shared by a user's runs, and what its evidence leads to (docs/node-health.md)."""
+
+    # Ledger records that are not a failure class (supervisor.nodes.NodeEventKind has the same values).
+    NODE_KINDS: typing.ClassVar[tuple[str, ...]] = ("gpu_check", "slow_node", "loss_anomaly")
+
+    ledger: str | None = None  # JSONL file; default ~/.cache/slurm-supervisor/nodes.jsonl
+    max_bytes: int = 4 * 1024 * 1024  # the ledger is rotated past this size (one older file kept)
+    window: float = 7 * 86400.0  # seconds: older records are history, not evidence
+    suspect_after: int = 2  # records of any kind in `suspect` or `hardware` in the window: a suspect
+    exclude_after: int = 2  # records of a `hardware` kind in the window: excluded on requeue (0 = never)
+    exclude_for: float = 86400.0  # an exclusion lasts this long after the node's last hardware record
+    hardware: tuple[str, ...] = ("hardware_fault", "interconnect", "node_failure", "gpu_check", "slow_node")
+    suspect: tuple[str, ...] = ("illegal_memory_access", "cuda_launch_failure", "nccl_error", "hang",
+                                "loss_anomaly")
+
+    def __post_init__(self) -> None:
+        if self.ledger is not None and not self.ledger.strip():
+            raise ConfigError("nodes.ledger", self.ledger, "expected a file path, or leave the key out for "
+                              "~/.cache/slurm-supervisor/nodes.jsonl")
+        if self.max_bytes < 65536:
+            raise ConfigError("nodes.max_bytes", self.max_bytes, "expected at least 65536")
+        if self.window <= 0:
+            raise ConfigError("nodes.window", self.window, "expected a number of seconds > 0")
+        if self.suspect_after < 1:
+            raise ConfigError("nodes.suspect_after", self.suspect_after, "expected a whole number >= 1")
+        known = {c.value for c in FailureClass} | set(self.NODE_KINDS)
+        for key, labels in (("nodes.hardware", self.hardware), ("nodes.suspect", self.suspect)):
+            for label in labels:
+                if label not in known:
+                    raise ConfigError(key, label, f"unknown kind of record; allowed: {', '.join(sorted(known))}")
+
+
+@dataclass(frozen=True)
 class SupervisorConfig:
     """Everything ``supervise run`` can be told. Built by :func:`load_config`."""
 
@@ -152,14 +258,21 @@ class SupervisorConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    stall: StallConfig = field(default_factory=StallConfig)
+    slow_node: SlowNodeConfig = field(default_factory=SlowNodeConfig)
+    gpu_check: GpuCheckConfig = field(default_factory=GpuCheckConfig)
+    nodes: NodesConfig = field(default_factory=NodesConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (enums as strings) for YAML/JSON output and hashing."""
         return _plain(self)
 
     def config_hash(self) -> str:
-        """sha256 of the canonical JSON (sorted keys, non-JSON values as strings)."""
-        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"), default=str)
+        """sha256 of the canonical JSON (sorted keys, non-JSON values as strings). Where notifications
+        go is not part of the training's configuration: a webhook changed between requeues is no drift."""
+        data = self.to_dict()
+        data.pop("notify", None)
+        canon = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canon.encode()).hexdigest()
 
     def policy_for(self, cls: FailureClass) -> ClassPolicy:
@@ -430,7 +543,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """``SUPERVISE_STALL_TIMEOUT=60`` and ``SUPERVISE_BUDGET__MAX_TOTAL_RESTARTS=5`` as a nested dict."""
     out: dict[str, Any] = {}
     for name, raw in environ.items():
-        if not name.startswith(ENV_PREFIX) or name in ("SUPERVISE_CONFIG",):
+        if not name.startswith(ENV_PREFIX) or name == "SUPERVISE_CONFIG" or name in NotifyConfig.ENV_VARS:
             continue
         dotted = name[len(ENV_PREFIX):].lower().replace("__", ".")
         _set_dotted(out, dotted, _parse_scalar(raw), source="environment", shown=name)

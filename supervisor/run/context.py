@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 from ..config import SupervisorConfig
 from ..events import Ev, EventLog
+from ..notify import on_event
 from ..signals import signal_number
 from ..slurm import SlurmEnv
 from .layout import RunLayout
@@ -49,6 +50,9 @@ class RunContext:
             self.events.emit(event, **fields)
         except Exception as exc:  # a full disk or a deleted run dir must not orphan the child
             log.error("could not record %s: %s", event.value, exc)
+        notify = getattr(self.cfg, "notify", None)
+        if notify is not None:
+            on_event(notify, event.value, fields)  # returns at once, never raises
 
     def read_events(self) -> list[Any]:
         """The run's events so far, through the open log (events still waiting out a full disk

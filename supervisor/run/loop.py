@@ -281,7 +281,8 @@ class Runner:
     def _record_failure(self, state: AttemptState, exit_: ChildExit, failure: Any, verdict: AttemptVerdict) -> None:
         ctx = self.ctx
         eff = verdict.failure
-        ctx.emit(Ev.FAILURE, attempt=state.attempt, action=(verdict.action or Action.STOP).value,
+        action = Action.STOP if verdict.outcome in (RunOutcome.STOPPED, RunOutcome.INTERRUPTED) else verdict.action
+        ctx.emit(Ev.FAILURE, attempt=state.attempt, action=(action or Action.STOP).value,
                  evidence=list(failure.evidence), context=list(failure.context),
                  step=failure.step if failure.step is not None else state.last_step, last_step=state.last_step,
                  last_durable_step=state.last_durable_step, node=failure.node or ctx.host, rank=failure.rank,
@@ -340,7 +341,8 @@ class Runner:
                                   policy=ctx.cfg.preemption.requeue,
                                   requeue_on_time_limit=ctx.cfg.preemption.requeue_on_time_limit,
                                   exclude_nodes=exclude)
-        ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, **decision.to_event())
+        ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, held=bool(getattr(info, "is_held", False)),
+                 **decision.to_event())
         result = self._end(RunOutcome.REQUEUE, ExitCode.REQUEUE, f"{cls.value}: {reason}; {decision.reason}", state)
         if decision.do and decision.how == "scontrol" and job_id:
             # run_end is already written: scontrol requeue ends this job step at once. The exclude
