@@ -26,12 +26,12 @@ Definitions (``docs/policy.md`` has them in one table):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .events import Ev, Event
+from .fields import as_float, as_int, as_nodes, as_str
 from .states import Action, FailureClass
 
 __all__ = [
@@ -182,31 +182,15 @@ def restarts_from_scratch(records: Sequence[AttemptRecord]) -> list[tuple[Attemp
 # Tolerant field readers: the log may come from another version or be hand-edited
 
 
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value.strip())
-    return None
 
 
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        return None
-    return float(value)
 
 
-def _str(value: Any) -> str | None:
-    return None if value is None or value == "" else str(value)
 
 
 def _signal(value: Any) -> int | None:
     """``attempt_end`` writes the signal's name (``SIGSEGV``); older or other writers the number."""
-    number = _int(value)
+    number = as_int(value)
     if number is not None:
         return abs(number)
     if isinstance(value, str) and value:
@@ -233,12 +217,6 @@ def _action(value: Any) -> Action | None:
         return None
 
 
-def _nodes(value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) and value:
-        return (value,)
-    if isinstance(value, (list, tuple)):
-        return tuple(str(v) for v in value if v)
-    return ()
 
 
 def _lines(value: Any) -> tuple[str, ...]:
@@ -298,25 +276,25 @@ class _Fold:
     def resume(self, fields: Mapping[str, Any], path_key: str, step_key: str) -> None:
         if path_key in fields or step_key in fields:
             self.resume_told = True
-            self.resume_path = _str(fields.get(path_key))
-            self.resume_step = _int(fields.get(step_key))
+            self.resume_path = as_str(fields.get(path_key))
+            self.resume_step = as_int(fields.get(step_key))
 
     def record(self) -> AttemptRecord:
         """The record without the numbers that need the next attempt (see :func:`_settle`)."""
         e = self.end_fields
-        first = _int(e.get("first_step"))
+        first = as_int(e.get("first_step"))
         if first is None:
             first = self.reported_first if self.reported_first is not None else self.first_seen
-        reached = [s for s in (_int(e.get("last_step")), self.max_seen) if s is not None]
+        reached = [s for s in (as_int(e.get("last_step")), self.max_seen) if s is not None]
         last = max(reached) if reached else None
-        resume_step = self.resume_step if self.resume_step is not None else _int(e.get("resume_step"))
-        resume_path = self.resume_path or _str(e.get("resume_path"))
-        saved = [s for s in (_int(e.get("last_durable_step")), self.durable_step) if s is not None]
+        resume_step = self.resume_step if self.resume_step is not None else as_int(e.get("resume_step"))
+        resume_path = self.resume_path or as_str(e.get("resume_path"))
+        saved = [s for s in (as_int(e.get("last_durable_step")), self.durable_step) if s is not None]
         durable = max(saved) if saved else resume_step
-        source = _str(e.get("step_source"))
+        source = as_str(e.get("step_source"))
         if source is None and self.sources:
             source = "client" if "client" in self.sources else min(self.sources)
-        wall = _float(e.get("wall_lost"))
+        wall = as_float(e.get("wall_lost"))
         if self.cls == FC.COMPLETED:
             wall = 0.0
         return AttemptRecord(
@@ -324,7 +302,7 @@ class _Fold:
             resume_path=resume_path, resume_step=resume_step, first_step=first, last_step=last,
             last_durable_step=durable, cls=self.cls, action=self.decided or self.action,
             evidence=self.evidence, exit_code=self.exit_code, signal=self.signal, start=self.start,
-            end=self.end, steps_lost=_int(e.get("steps_lost")), wall_lost=wall, failure_step=self.failure_step,
+            end=self.end, steps_lost=as_int(e.get("steps_lost")), wall_lost=wall, failure_step=self.failure_step,
             fresh=self.started and resume_path is None and resume_step is None,
             step_source=source, failure_node=self.failure_node, failure_reason=self.failure_reason)
 
@@ -364,7 +342,7 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
 
     def fold_for(ev: Event) -> _Fold | None:
         nonlocal current
-        number = _int(ev.get("attempt"))
+        number = as_int(ev.get("attempt"))
         if number is None:
             return current
         if number not in folds:
@@ -378,7 +356,7 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
     for ev in events:
         name = ev.event
         if name == Ev.RESUME_POINT.value:
-            number = _int(ev.get("attempt"))
+            number = as_int(ev.get("attempt"))
             if number is not None and number in folds:
                 if not folds[number].resume_told:
                     folds[number].resume(ev.fields, "path", "step")
@@ -386,16 +364,16 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
                 told[number] = ev.fields
             continue
         if name == Ev.ATTEMPT_START.value:
-            number = _int(ev.get("attempt"))
+            number = as_int(ev.get("attempt"))
             if number is None:
                 number = max(folds, default=0) + 1
             f = folds.setdefault(number, _Fold(number))
             current = f
             f.started, f.start = True, ev.ts
             f.see(None, ev.ts)
-            f.job_id = _str(ev.get("job_id"))
-            f.restart_count = _int(ev.get("restart_count"))
-            f.nodes = _nodes(ev.get("nodes")) or _nodes(ev.get("host"))
+            f.job_id = as_str(ev.get("job_id"))
+            f.restart_count = as_int(ev.get("restart_count"))
+            f.nodes = as_nodes(ev.get("nodes")) or as_nodes(ev.get("host"))
             if "resume_path" in ev.fields or "resume_step" in ev.fields:
                 f.resume(ev.fields, "resume_path", "resume_step")
             elif number in told and not f.resume_told:
@@ -408,17 +386,17 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
             continue
         f = into
         if name == Ev.PROGRESS.value:
-            f.see(_int(ev.get("step")), ev.ts)
-            source = _str(ev.get("source"))
+            f.see(as_int(ev.get("step")), ev.ts)
+            source = as_str(ev.get("source"))
             if source:
                 f.sources.add(source)
         elif name == Ev.RESUMED.value:
-            step = _int(ev.get("step"))
+            step = as_int(ev.get("step"))
             if f.reported_first is None and step is not None:
                 f.reported_first = step
             f.see(step, ev.ts)
         elif name == Ev.SAVE_END.value:
-            step = _int(ev.get("step"))
+            step = as_int(ev.get("step"))
             if ev.get("ok") is not False and step is not None:
                 if f.durable_step is None or step >= f.durable_step:
                     f.durable_step, f.durable_ts = step, ev.ts
@@ -428,20 +406,20 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
             f.end_fields = dict(ev.fields)
             f.cls = _cls(ev.get("class")) or f.cls
             f.action = _action(ev.get("action")) or f.action
-            f.exit_code = _int(ev.get("exit_code")) if ev.get("exit_code") is not None else f.exit_code
+            f.exit_code = as_int(ev.get("exit_code")) if ev.get("exit_code") is not None else f.exit_code
             f.signal = _signal(ev.get("signal")) if ev.get("signal") is not None else f.signal
-            f.see(_int(ev.get("last_step")), ev.ts)
+            f.see(as_int(ev.get("last_step")), ev.ts)
         elif name == Ev.FAILURE.value:
             f.cls = f.cls or _cls(ev.get("class"))
             f.action = f.action or _action(ev.get("action"))
             if not f.failure_seen:  # the first failure: later ones are its consequences
                 f.failure_seen = True
                 f.evidence = _lines(ev.get("evidence"))
-                f.failure_step = _int(ev.get("step"))
-                f.failure_node = _str(ev.get("node"))
-                f.failure_reason = _str(ev.get("reason"))
+                f.failure_step = as_int(ev.get("step"))
+                f.failure_node = as_str(ev.get("node"))
+                f.failure_reason = as_str(ev.get("reason"))
             if f.exit_code is None:
-                f.exit_code = _int(ev.get("exit_code"))
+                f.exit_code = as_int(ev.get("exit_code"))
             if f.signal is None:
                 f.signal = _signal(ev.get("signal"))
             if ev.get("node") and not f.nodes:
@@ -503,8 +481,8 @@ class LossAnomaly:
 
 def loss_anomalies(events: Iterable[Event]) -> list[LossAnomaly]:
     """The ``loss_anomaly`` events of the log, in order."""
-    return [LossAnomaly(_int(ev.get("attempt")), _int(ev.get("step")), _str(ev.get("kind")) or "anomaly",
-                        _float(ev.get("loss")))
+    return [LossAnomaly(as_int(ev.get("attempt")), as_int(ev.get("step")), as_str(ev.get("kind")) or "anomaly",
+                        as_float(ev.get("loss")))
             for ev in events if ev.event == Ev.LOSS_ANOMALY.value]
 
 

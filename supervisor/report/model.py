@@ -11,7 +11,6 @@ nodes that successive requeues land on may disagree.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -20,6 +19,7 @@ from typing import Any
 from ..budget import run_verdict
 from ..config import BudgetConfig
 from ..events import FORMAT_VERSION, Event
+from ..fields import as_float, as_int, as_str
 from ..ledger import (
     NOT_FAILURES,
     SCHEDULER_ENDS,
@@ -254,38 +254,12 @@ def _attempt_json(row: AttemptRow) -> dict[str, Any]:
 # Tolerant field readers: the log may come from another version or be hand-edited
 
 
-def _int(v: Any) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and math.isfinite(v) and abs(v) < 1e18:
-        return int(v)
-    if isinstance(v, str) and v.strip().lstrip("-").isdigit():
-        return int(v)
-    return None
 
 
-def _float(v: Any) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)) and not math.isnan(v):
-        return float(v)
-    return None
 
 
-def _str(v: Any) -> str | None:
-    if v is None or v == "":
-        return None
-    return str(v)
 
 
-def _nodes(v: Any) -> tuple[str, ...]:
-    if isinstance(v, str):
-        return (v,) if v else ()
-    if isinstance(v, (list, tuple)):
-        return tuple(str(x) for x in v if x)
-    return ()
 
 
 def _evidence_line(v: Any) -> str | None:
@@ -395,7 +369,7 @@ class _Walk:
         if ev.event in ("run_start", "run_end", "attempt_start", "control_dropped"):
             handler(ev)  # type: ignore[misc]
             return
-        n = _int(ev.get("attempt"))
+        n = as_int(ev.get("attempt"))
         acc = self.acc(n if n is not None else self.current)
         if ev.event in _LISTED:
             self.listed[_LISTED[ev.event]].append(_record(ev, acc.attempt if acc else None))
@@ -413,10 +387,10 @@ class _Walk:
     def on_run_end(self, ev: Event) -> None:
         self.run_end = dict(ev.fields, ts=ev.ts)
         if self.sessions:
-            self.sessions[-1].ended_by = _str(ev.get("outcome"))
+            self.sessions[-1].ended_by = as_str(ev.get("outcome"))
 
     def on_attempt_start(self, ev: Event) -> None:
-        n = _int(ev.get("attempt"))
+        n = as_int(ev.get("attempt"))
         if n is None:
             return
         self.current = n
@@ -428,7 +402,7 @@ class _Walk:
         self.sessions[-1].attempts.append(n)
         acc.fields.update({k: v for k, v in ev.fields.items() if v is not None})
         acc.fields["start"] = ev.ts
-        start_step = _int(ev.get("resume_step"))
+        start_step = as_int(ev.get("resume_step"))
         if start_step is not None:
             acc.steps.append((ev.ts, start_step, "start"))
 
@@ -436,17 +410,17 @@ class _Walk:
         acc.fields.update({f"end_{k}": v for k, v in ev.fields.items()})
         acc.fields["end"] = ev.ts
         acc.fields["ended"] = True
-        last = _int(ev.get("last_step"))
+        last = as_int(ev.get("last_step"))
         if last is not None:
             acc.steps.append((ev.ts, last, "end"))
 
     def on_control_dropped(self, ev: Event) -> None:
-        count = _int(ev.get("count")) or 0
+        count = as_int(ev.get("count")) or 0
         self.dropped += count
         by = ev.get("by_reason")
         if isinstance(by, Mapping):
             for k, v in by.items():
-                self.dropped_by[str(k)] = self.dropped_by.get(str(k), 0) + (_int(v) or 0)
+                self.dropped_by[str(k)] = self.dropped_by.get(str(k), 0) + (as_int(v) or 0)
         elif ev.get("reason"):
             key = str(ev.get("reason"))
             self.dropped_by[key] = self.dropped_by.get(key, 0) + count
@@ -458,20 +432,20 @@ class _Walk:
         acc.fields.setdefault("resume_step", ev.get("step"))
 
     def on_progress(self, ev: Event, acc: _Acc) -> None:
-        step = _int(ev.get("step"))
+        step = as_int(ev.get("step"))
         if step is not None:
             acc.steps.append((ev.ts, step, "progress"))
-            acc.last_rate = _float(ev.get("rate"))
+            acc.last_rate = as_float(ev.get("rate"))
             acc.last_progress_ts = ev.ts
 
     def on_resumed(self, ev: Event, acc: _Acc) -> None:
-        step = _int(ev.get("step"))
+        step = as_int(ev.get("step"))
         if acc.first_reported is None and step is not None:
             acc.first_reported = step
             acc.steps.append((ev.ts, step, "progress"))
 
     def on_resume_mismatch(self, ev: Event, acc: _Acc) -> None:
-        acc.mismatch = _str(ev.get("reason")) or (
+        acc.mismatch = as_str(ev.get("reason")) or (
             f"expected step {ev.get('expected_step')}, child started at {ev.get('got_step')}")
 
     def on_save_end(self, ev: Event, acc: _Acc) -> None:
@@ -480,7 +454,7 @@ class _Walk:
             return
         acc.saves_ok += 1
         self.last_save = _record(ev, acc.attempt)
-        step = _int(ev.get("step"))
+        step = as_int(ev.get("step"))
         if step is not None:
             acc.steps.append((ev.ts, step, "save"))
             if acc.durable is None or step >= acc.durable:
@@ -491,7 +465,7 @@ class _Walk:
             acc.failure = dict(ev.fields)
 
     def on_decision(self, ev: Event, acc: _Acc) -> None:
-        acc.decision = _str(ev.get("reason"))
+        acc.decision = as_str(ev.get("reason"))
 
     def on_notice(self, ev: Event, acc: _Acc) -> None:
         acc.notice = True
@@ -584,10 +558,10 @@ def _attempt_row(record: AttemptRecord, acc: _Acc | None, sessions: list[_Sessio
     f = acc.fields
     sess = sessions[acc.session].fields if acc.session < len(sessions) else {}
     fail = acc.failure or {}
-    duration = _float(f.get("end_duration"))
+    duration = as_float(f.get("end_duration"))
     if duration is None and record.start is not None and record.end is not None:
         duration = max(record.end - record.start, 0.0)
-    action = record.action.value if record.action else _str(f.get("end_action")) or _str(fail.get("action"))
+    action = record.action.value if record.action else as_str(f.get("end_action")) or as_str(fail.get("action"))
     session = sessions[acc.session] if acc.session < len(sessions) else None
     if (record.end is not None and session is not None and session.attempts[-1:] == [record.attempt]
             and session.ended_by in (RunOutcome.STOPPED.value, RunOutcome.FAILED.value)):
@@ -596,11 +570,11 @@ def _attempt_row(record: AttemptRecord, acc: _Acc | None, sessions: list[_Sessio
         action = Action.STOP.value
     return AttemptRow(
         attempt=record.attempt,
-        job_id=record.job_id or _str(sess.get("job_id")),
-        restart_count=record.restart_count if record.restart_count is not None else _int(sess.get("restart_count")),
-        host=_str(f.get("host")) or _str(sess.get("host")),
+        job_id=record.job_id or as_str(sess.get("job_id")),
+        restart_count=record.restart_count if record.restart_count is not None else as_int(sess.get("restart_count")),
+        host=as_str(f.get("host")) or as_str(sess.get("host")),
         nodes=record.nodes,
-        pid=_int(f.get("pid")),
+        pid=as_int(f.get("pid")),
         start=record.start, end=record.end, duration=duration,
         resume_path=record.resume_path, resume_step=record.resume_step,
         first_step=record.first_step, last_step=record.last_step, last_durable_step=record.last_durable_step,
@@ -608,7 +582,7 @@ def _attempt_row(record: AttemptRecord, acc: _Acc | None, sessions: list[_Sessio
         saves_ok=acc.saves_ok, saves_failed=acc.saves_failed,
         exit_code=record.exit_code,
         signal=signal_name(record.signal) if record.signal is not None else None,
-        end_class=record.cls.value if record.cls else _str(f.get("end_class")) or _str(fail.get("class")),
+        end_class=record.cls.value if record.cls else as_str(f.get("end_class")) or as_str(fail.get("class")),
         action=action,
         evidence=_evidence_line(record.evidence),
         evidence_lines=_lines(record.evidence or fail.get("evidence")),
@@ -626,16 +600,16 @@ def _run_info(run_start: Mapping[str, Any], run_end: Mapping[str, Any] | None,
               sessions: list[_Session], attempts: tuple[AttemptRow, ...],
               versions: Iterable[int], manifests: Mapping[int, Mapping[str, Any]]) -> RunInfo:
     jobs = tuple(
-        JobRow(session=i + 1, job_id=_str(s.fields.get("job_id")), restart_count=_int(s.fields.get("restart_count")),
-               host=_str(s.fields.get("host")), start=s.ts, attempts=tuple(s.attempts), ended_by=s.ended_by)
+        JobRow(session=i + 1, job_id=as_str(s.fields.get("job_id")), restart_count=as_int(s.fields.get("restart_count")),
+               host=as_str(s.fields.get("host")), start=s.ts, attempts=tuple(s.attempts), ended_by=s.ended_by)
         for i, s in enumerate(sessions))
     restarts = sum(max(len(j.attempts) - 1, 0) for j in jobs)
     starts = [a.start for a in attempts if a.start is not None]
-    start = _float(run_start.get("ts")) if run_start.get("ts") is not None else (min(starts) if starts else None)
-    end = _float(run_end.get("ts")) if run_end else None
+    start = as_float(run_start.get("ts")) if run_start.get("ts") is not None else (min(starts) if starts else None)
+    end = as_float(run_end.get("ts")) if run_end else None
     steps = [a.last_step for a in attempts if a.last_step is not None]
-    if run_end and _int(run_end.get("last_step")) is not None:
-        steps.append(_int(run_end.get("last_step")))  # type: ignore[arg-type]
+    if run_end and as_int(run_end.get("last_step")) is not None:
+        steps.append(as_int(run_end.get("last_step")))  # type: ignore[arg-type]
     hashes: list[str] = []
     for n in sorted(manifests):
         h = manifests[n].get("config_hash")
@@ -644,12 +618,12 @@ def _run_info(run_start: Mapping[str, Any], run_end: Mapping[str, Any] | None,
     if not hashes and isinstance(run_start.get("config_hash"), str):
         hashes.append(run_start["config_hash"])
     return RunInfo(
-        name=_str(run_start.get("name")),
-        run_dir=_str(run_start.get("run_dir")),
-        checkpoint_dir=_str(run_start.get("checkpoint_dir")),
-        outcome=_str(run_end.get("outcome")) if run_end else None,
-        exit_code=_int(run_end.get("exit_code")) if run_end else None,
-        reason=_str(run_end.get("reason")) if run_end else None,
+        name=as_str(run_start.get("name")),
+        run_dir=as_str(run_start.get("run_dir")),
+        checkpoint_dir=as_str(run_start.get("checkpoint_dir")),
+        outcome=as_str(run_end.get("outcome")) if run_end else None,
+        exit_code=as_int(run_end.get("exit_code")) if run_end else None,
+        reason=as_str(run_end.get("reason")) if run_end else None,
         start=start, end=end,
         duration=(end - start) if start is not None and end is not None else None,
         attempts=len(attempts), restarts=restarts, requeues=max(len(jobs) - 1, 0),
@@ -672,7 +646,7 @@ def _verdict(events: Sequence[Event], records: Sequence[AttemptRecord], logged: 
     if logged:
         last = logged[-1]
         ok = last.get("ok")
-        return VerdictView(ok=ok if isinstance(ok, bool) else None, budget=_str(last.get("budget")),
+        return VerdictView(ok=ok if isinstance(ok, bool) else None, budget=as_str(last.get("budget")),
                            reason=str(last.get("reason") or ""),
                            numbers=dict(last["numbers"]) if isinstance(last.get("numbers"), Mapping) else {},
                            source="log")
@@ -696,18 +670,18 @@ def _quarantine_rows(logged: list[dict[str, Any]], files: Sequence[QuarantineFil
     for q in logged:
         if q.get("ok") is False:
             continue  # the rename failed: nothing was quarantined (the event says why)
-        dest = _str(q.get("dest"))
+        dest = as_str(q.get("dest"))
         name = dest.rsplit("/", 1)[-1] if dest else None
         f = on_disk.get(name) if name else None
         side = dict(f.sidecar) if f and f.sidecar else {}
         rows.append(QuarantineRow(
-            file=name or "?", original=_str(first(q.get("path"), side.get("original_path"), side.get("path"))),
-            size=f.size if f else _int(first(q.get("size"), side.get("size"))),
-            reason=_str(first(q.get("reason"), side.get("reason"))),
+            file=name or "?", original=as_str(first(q.get("path"), side.get("original_path"), side.get("path"))),
+            size=f.size if f else as_int(first(q.get("size"), side.get("size"))),
+            reason=as_str(first(q.get("reason"), side.get("reason"))),
             level=_level(first(q.get("level"), side.get("level"))),
-            format=_str(first(q.get("format"), side.get("format"))),
-            step=_int(first(q.get("step"), side.get("step"))),
-            attempt=_int(q.get("attempt")), ts=_float(q.get("ts")),
+            format=as_str(first(q.get("format"), side.get("format"))),
+            step=as_int(first(q.get("step"), side.get("step"))),
+            attempt=as_int(q.get("attempt")), ts=as_float(q.get("ts")),
             on_disk=f is not None, sidecar=bool(side)))
         if name:
             seen.add(name)
@@ -716,10 +690,10 @@ def _quarantine_rows(logged: list[dict[str, Any]], files: Sequence[QuarantineFil
             continue
         side = dict(f.sidecar) if f.sidecar else {}
         rows.append(QuarantineRow(
-            file=f.name, original=_str(first(side.get("original_path"), side.get("path"))), size=f.size,
-            reason=_str(side.get("reason")), level=_level(side.get("level")), format=_str(side.get("format")),
-            step=_int(side.get("step")), attempt=_int(side.get("attempt")),
-            ts=_float(first(side.get("time"), side.get("ts"))), on_disk=True, sidecar=bool(side)))
+            file=f.name, original=as_str(first(side.get("original_path"), side.get("path"))), size=f.size,
+            reason=as_str(side.get("reason")), level=_level(side.get("level")), format=as_str(side.get("format")),
+            step=as_int(side.get("step")), attempt=as_int(side.get("attempt")),
+            ts=as_float(first(side.get("time"), side.get("ts"))), on_disk=True, sidecar=bool(side)))
     return tuple(rows)
 
 
