@@ -11,7 +11,8 @@ is loaded.
 
 Protocol on stdin/stdout, one JSON object per line:
 
-    {"cmd": "spawn", "dir": D, "world": W, "bytes": N, "attempt": A} -> {"pids": [...]}
+    {"cmd": "spawn", "dir": D, "world": W, "bytes": N, "attempt": A, "writer": "atomic"|"plain",
+     "names": "step_and_last"|"last_only"}                         -> {"pids": [...]}
     {"cmd": "reap", "pid": P}                                      -> {"status": <waitpid status>}
     {"cmd": "load", "path": P, "world": W}                         -> {"ok": bool, "steps": [...], "error": str}
     {"cmd": "quit"}
@@ -28,6 +29,7 @@ own resume-point scan and attempt-start cleanup, and load the chosen checkpoint 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -45,10 +47,19 @@ REPO = Path(__file__).resolve().parents[2]
 # ------------------------------------------------------------------------------ the ranks (zygote side)
 
 
-def rank_loop(rank: int, world: int, work: Path, nbytes: int) -> None:
-    """One rank: init gloo, then save step-<k> and last forever (until killed)."""
+WRITERS = ("atomic", "plain")
+NAMES = ("step_and_last", "last_only")
+
+
+def rank_loop(rank: int, world: int, work: Path, nbytes: int, writer: str = "atomic",
+              names: str = "step_and_last") -> None:
+    """One rank: init gloo, then save forever (until killed): ``step-<k>`` then ``last`` each
+    time, or ``last`` alone (the single-copy set-up: every save replaces the only checkpoint).
+    ``writer``: ``atomic`` (``supervisor.integrations.dcp.save``) or ``plain`` (DCP's own
+    ``dcp.save`` straight into the directory, the baseline)."""
     import torch
     import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
 
     from supervisor import sharded
     from supervisor.integrations import dcp as sdcp
@@ -67,9 +78,12 @@ def rank_loop(rank: int, world: int, work: Path, nbytes: int) -> None:
     while True:
         step += 1
         state = {"step": step, f"rank{rank}": torch.full((64,), float(step)), f"pad{rank}": pad}
-        for name in (f"step-{step}", "last"):
+        for name in (f"step-{step}", "last") if names == "step_and_last" else ("last",):
             note(f"begin {name} {step}")
-            sdcp.save(state, ckpt / name, step)
+            if writer == "atomic":
+                sdcp.save(state, ckpt / name, step)
+            else:
+                dcp.save(state, checkpoint_id=str(ckpt / name))
             note(f"committed {name} {step}")
         if rank == 0:
             for old in sorted(ckpt.glob("step-*"), key=lambda p: int(p.name.split("-")[1].split(".")[0])):
@@ -92,10 +106,45 @@ def load_check(path: Path, world: int) -> dict[str, Any]:
     return {"ok": consistent and state["step"] == steps[0], "steps": steps, "step_item": state["step"]}
 
 
+def _spawn(request: dict[str, Any]) -> list[int]:
+    work = Path(request["dir"])
+    os.environ["SUPERVISOR_ATTEMPT"] = str(request["attempt"])
+    pids = []
+    for rank in range(request["world"]):
+        pid = os.fork()
+        if pid == 0:
+            _child(functools.partial(rank_loop, rank, request["world"], work, request["bytes"],
+                                     request.get("writer", "atomic"), request.get("names", "step_and_last")))
+        pids.append(pid)
+    return pids
+
+
+def _load(request: dict[str, Any]) -> dict[str, Any]:
+    """dcp.load in a forked child (the zygote itself stays free of threads and state)."""
+    path = Path(request["path"])
+    result_path = path.parent.parent / "load.json"
+
+    def run() -> None:
+        try:
+            result = load_check(path, request["world"])
+        except BaseException as exc:  # noqa: BLE001 - the driver reports it
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        result_path.write_text(json.dumps(result))
+
+    pid = os.fork()
+    if pid == 0:
+        _child(run)
+    os.waitpid(pid, 0)
+    try:
+        return json.loads(result_path.read_text())
+    except (OSError, ValueError) as exc:
+        return {"ok": False, "error": f"loader died: {exc}"}
+
+
 def zygote() -> None:
     import warnings
 
-    import torch  # noqa: F401  the expensive import, paid once
+    import torch  # the expensive imports, paid once
     import torch.distributed.checkpoint  # noqa: F401
 
     from supervisor.integrations import dcp  # noqa: F401
@@ -106,35 +155,12 @@ def zygote() -> None:
         request = json.loads(line)
         cmd = request["cmd"]
         if cmd == "spawn":
-            work = Path(request["dir"])
-            os.environ["SUPERVISOR_ATTEMPT"] = str(request["attempt"])
-            pids = []
-            for rank in range(request["world"]):
-                pid = os.fork()
-                if pid == 0:
-                    _child(lambda r=rank: rank_loop(r, request["world"], work, request["bytes"]))
-                pids.append(pid)
-            out.write(json.dumps({"pids": pids}) + "\n")
+            out.write(json.dumps({"pids": _spawn(request)}) + "\n")
         elif cmd == "reap":
             _, status = os.waitpid(request["pid"], 0)
             out.write(json.dumps({"status": status}) + "\n")
         elif cmd == "load":
-            result_path = Path(request["path"]).parent.parent / "load.json"
-            pid = os.fork()
-            if pid == 0:
-                def run() -> None:
-                    try:
-                        result = load_check(Path(request["path"]), request["world"])
-                    except BaseException as exc:  # noqa: BLE001 - the driver reports it
-                        result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
-                    result_path.write_text(json.dumps(result))
-                _child(run)
-            os.waitpid(pid, 0)
-            try:
-                answer = json.loads(result_path.read_text())
-            except (OSError, ValueError) as exc:
-                answer = {"ok": False, "error": f"loader died: {exc}"}
-            out.write(json.dumps(answer) + "\n")
+            out.write(json.dumps(_load(request)) + "\n")
         elif cmd == "quit":
             return
         out.flush()
@@ -188,7 +214,7 @@ class ShardedPool:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
 
-    def __enter__(self) -> ShardedPool:
+    def __enter__(self) -> ShardedPool:  # noqa: PYI034 - a final class of the harness
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -250,10 +276,21 @@ def _landed(ckpt: Path) -> str:
     return "between saves"
 
 
+MOMENTS = ("uniform", "at_marker")
+
+
 def sharded_kill_trial(pool: ShardedPool, work: Path, trial: int, rng: random.Random, *,
-                       world: int | None = None, nbytes: int | None = None) -> ShardedOutcome:
+                       world: int | None = None, nbytes: int | None = None,
+                       moment: str | None = None, names: str = "step_and_last",
+                       writer: str = "atomic") -> ShardedOutcome:
     """Start ``world`` ranks saving, kill -9 one at a random moment of save k (k in 2..4), kill
-    the others 0-50 ms later, then judge (see :class:`ShardedOutcome`)."""
+    the others 0-50 ms later, then judge (see :class:`ShardedOutcome`). ``moment``: ``uniform``
+    (a uniform time within that save's cycle, any rank) or ``at_marker`` (rank 0, as soon as a
+    commit marker appears: the commit and publish windows, milliseconds wide); random when None.
+    ``names`` and ``writer``: see :func:`rank_loop` (``writer="plain"`` is the baseline, which
+    is expected to fail)."""
+    if names not in NAMES or writer not in WRITERS:
+        raise ValueError(f"names {names!r} / writer {writer!r}: one of {NAMES} / {WRITERS}")
     from supervisor import sharded
     from supervisor.checkpoints import find_resume_point, validate_checkpoint
     from supervisor.states import Verdict
@@ -264,13 +301,16 @@ def sharded_kill_trial(pool: ShardedPool, work: Path, trial: int, rng: random.Ra
     ckpt = work / "ckpt"
     attempt = 1
     started = time.monotonic()
-    pids = pool.ask({"cmd": "spawn", "dir": str(work), "world": world, "bytes": nbytes, "attempt": attempt})["pids"]
+    pids = pool.ask({"cmd": "spawn", "dir": str(work), "world": world, "bytes": nbytes, "attempt": attempt,
+                     "writer": writer, "names": names})["pids"]
     victim = rng.randrange(world)
     target = rng.randint(2, 4)
-    how = rng.choice(["uniform", "uniform", "uniform", "at_marker"])
+    how = moment or rng.choice(["uniform", "uniform", "uniform", "at_marker"])
+    if how not in MOMENTS:
+        raise ValueError(f"moment {how!r}: one of {MOMENTS}")
     problems: list[str] = []
     facts: dict[str, Any] = {"world": world, "bytes_per_rank": nbytes, "victim_rank": victim, "save": target,
-                             "moment": how}
+                             "moment": how, "names": names, "writer": writer}
     try:
         begun = _wait(lambda: [r for r in _journal(work) if r[1] == "begin" and r[3] == target], 60)
         if not begun:
@@ -365,6 +405,8 @@ def summarize(outcomes: list[ShardedOutcome]) -> dict[str, Any]:
         "quarantined": sum(len((o.facts.get("scan_resume") or {}).get("quarantined", [])) for o in outcomes),
         "landed": dict(sorted(landed.items())),
         "worlds": sorted({o.facts.get("world") for o in outcomes}),
+        "names": sorted({o.facts.get("names") for o in outcomes}),
+        "writers": sorted({o.facts.get("writer") for o in outcomes}),
     }
 
 
