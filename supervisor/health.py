@@ -6,6 +6,12 @@ repeats the same deterministic conv2d and matmuls many times and reports how man
 any bit from the first; :func:`judge_gpu_results` turns that (plus ``nvidia-smi``'s ECC counters)
 into a :class:`GpuVerdict`. Pure decision, I/O at the edges: :func:`run_check` does the I/O.
 
+How many repeats: a GPU that corrupts a fraction ``p`` of calls passes ``n`` clean repeats with
+probability ``(1-p)**n``, so the check detects it with probability ``1-(1-p)**n``
+(:func:`detection_power`); 100 repeats miss a 1 % fault 37 % of the time, 300 miss it 5 % of the
+time, 459 miss it 1 % of the time (:func:`repeats_for_power`). Every verdict that ran checks states
+its power (:class:`PowerStatement`).
+
 Exit codes of ``supervise check-gpu`` (:attr:`GpuVerdict.exit_code`): 0 healthy, 1 unhealthy (a
 mismatch, a CUDA error, uncorrectable ECC errors, or a hung check), 2 cannot check (no torch, no
 CUDA device, GPU memory taken by someone else, the probe could not start).
@@ -14,19 +20,26 @@ CUDA device, GPU memory taken by someone else, the probe could not start).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+
+from .config import GpuCheckConfig
 
 PROBE_PATH = Path(__file__).with_name("health_probe.py")
 GPU_PREFIX = "PROBE_GPU "  # same markers as health_probe (not imported: it must stay standalone)
 RESULT_PREFIX = "PROBE_RESULT "
-DEFAULT_TIMEOUT = 180.0  # seconds for the whole probe; a healthy H200 needs a few seconds per GPU
+DEFAULT_TIMEOUT = GpuCheckConfig().timeout  # seconds for the whole probe; an H200 needs about 10 s per GPU
+DEFAULT_REPEATS = GpuCheckConfig().repeats  # runs of each check
+DEFAULT_FAULT_RATE = GpuCheckConfig().fault_rate  # the per-call fault rate the power is stated for
+TARGET_POWER = 0.99  # the detection probability the "repeats needed" hint is given for
 SMI_TIMEOUT = 15.0
 
 EXIT_HEALTHY = 0
@@ -88,6 +101,20 @@ class GpuReport:
 
 
 @dataclass(frozen=True)
+class PowerStatement:
+    """How likely the check was to catch an intermittent fault: with ``repeats`` runs of each check,
+    a GPU that gets a fraction ``fault_rate`` of calls wrong is caught with probability
+    ``probability`` = 1-(1-fault_rate)**repeats; ``repeats_for_target`` runs reach ``target``."""
+
+    repeats: int
+    fault_rate: float
+    probability: float
+    target: float
+    repeats_for_target: int
+    text: str
+
+
+@dataclass(frozen=True)
 class GpuVerdict:
     """The preflight's answer. ``checkable`` is False when no judgement was possible (no torch, no
     GPU, memory busy): the run loop should neither trust nor blame the node then."""
@@ -99,6 +126,7 @@ class GpuVerdict:
     torch: str | None = None
     cuda: str | None = None
     python: str | None = None
+    power: PowerStatement | None = None  # None when no check ran
 
     @property
     def exit_code(self) -> int:
@@ -114,6 +142,92 @@ class GpuVerdict:
         out = asdict(self)
         out["exit_code"] = self.exit_code
         return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Detection power (pure)
+
+
+def _check_rate(fault_rate: float) -> None:
+    if not 0.0 < fault_rate < 1.0:
+        raise ValueError(f"fault rate must be between 0 and 1, got {fault_rate!r}")
+
+
+def detection_power(fault_rate: float, repeats: int) -> float:
+    """Probability that ``repeats`` runs catch a GPU that gets a fraction ``fault_rate`` of calls
+    wrong, independently per call: 1-(1-p)**n. Any faulty run is caught, the first one included
+    (then every other run differs from it)."""
+    _check_rate(fault_rate)
+    if repeats < 2:
+        return 0.0  # nothing to compare with
+    return 1.0 - (1.0 - fault_rate) ** repeats
+
+
+def repeats_for_power(fault_rate: float, power: float) -> int:
+    """The fewest runs that catch a per-call fault rate ``fault_rate`` with probability >= ``power``."""
+    _check_rate(fault_rate)
+    if not 0.0 < power < 1.0:
+        raise ValueError(f"power must be between 0 and 1, got {power!r}")
+    needed = math.ceil(math.log1p(-power) / math.log1p(-fault_rate) - 1e-9)
+    return max(needed, 2)
+
+
+def _percent(value: float) -> str:
+    text = f"{value * 100:.2f}".rstrip("0").rstrip(".")
+    return f"{text} %"
+
+
+def power_statement(repeats: int, fault_rate: float = DEFAULT_FAULT_RATE,
+                    target: float = TARGET_POWER) -> PowerStatement:
+    """What ``repeats`` runs per check can promise, in numbers and in one sentence."""
+    probability = detection_power(fault_rate, repeats)
+    needed = repeats_for_power(fault_rate, target)
+    text = (f"{repeats} repeats per check: detects a per-call fault rate >= {_percent(fault_rate)} with "
+            f"probability {_percent(probability)} (1-(1-p)^n); {_percent(target)} needs {needed} repeats")
+    return PowerStatement(repeats=repeats, fault_rate=fault_rate, probability=round(probability, 6),
+                          target=target, repeats_for_target=needed, text=text)
+
+
+def probe_args_for(repeats: int = DEFAULT_REPEATS, indices: Sequence[int] = ()) -> list[str]:
+    """The probe's command line for ``repeats`` runs of every check on ``indices`` (default all GPUs)."""
+    args = ["--runs", str(repeats), "--matmul-runs", str(repeats)]
+    for index in indices:
+        args += ["--index", str(index)]
+    return args
+
+
+# ---------------------------------------------------------------------------------------------
+# When to check besides the preflight (pure)
+
+
+@dataclass(frozen=True)
+class GpuCheckDecision:
+    """Whether to run the GPU check on this node before the next attempt, and why."""
+
+    run: bool
+    reason: str
+
+
+def after_loss_anomaly(policy: GpuCheckConfig, anomalies: Sequence[str]) -> GpuCheckDecision:
+    """Silent data corruption shows up as a loss that goes NaN/inf or spikes with no error at all.
+    ``anomalies``: the kinds (``nan``, ``inf``, ``spike``) of the loss anomalies seen on this node
+    since its GPUs were last checked. ``gpu_check.after_loss_anomaly``: ``nonfinite`` checks after a
+    NaN or inf loss, ``any`` after a spike too, ``off`` never."""
+    mode = policy.after_loss_anomaly
+    nonfinite = [k for k in anomalies if k in ("nan", "inf")]
+    spikes = [k for k in anomalies if k == "spike"]
+    if not anomalies:
+        return GpuCheckDecision(False, "no loss anomaly since the last check")
+    if mode == "off":
+        return GpuCheckDecision(False, f"{len(anomalies)} loss anomaly(ies), but gpu_check.after_loss_anomaly is off")
+    if nonfinite:
+        return GpuCheckDecision(True, f"loss was {'/'.join(sorted(set(nonfinite)))} on this node "
+                                      f"({len(nonfinite)} time(s)): check the GPU before the next attempt")
+    if mode == "any" and spikes:
+        return GpuCheckDecision(True, f"{len(spikes)} loss spike(s) on this node: check the GPU before the next "
+                                      "attempt")
+    return GpuCheckDecision(False, f"{len(spikes)} loss spike(s) only; gpu_check.after_loss_anomaly is "
+                                   f"{mode!r} (set 'any' to check after spikes)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,7 +350,7 @@ def _last_line(text: Any) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def judge_gpu_results(raw: Mapping[str, Any]) -> GpuVerdict:
+def judge_gpu_results(raw: Mapping[str, Any], fault_rate: float = DEFAULT_FAULT_RATE) -> GpuVerdict:
     """Decide from what the probe and nvidia-smi reported. ``raw`` holds:
 
     - ``probe``: the probe's final record (``PROBE_RESULT``), or None when it gave none;
@@ -247,7 +361,8 @@ def judge_gpu_results(raw: Mapping[str, Any]) -> GpuVerdict:
 
     A bare probe record (with ``gpus``/``error`` at the top) is accepted too. Any bit that differs
     between repeats, any CUDA error, any uncorrectable ECC error or a hung probe is unhealthy; no
-    torch, no device, or memory taken by another process means the GPU cannot be checked.
+    torch, no device, or memory taken by another process means the GPU cannot be checked. The
+    verdict states its detection power for ``fault_rate`` from the fewest runs any check made.
     """
     if "probe" not in raw and ("gpus" in raw or "error" in raw):
         raw = {"probe": raw}
@@ -258,8 +373,10 @@ def judge_gpu_results(raw: Mapping[str, Any]) -> GpuVerdict:
     cuda_v = probe.get("cuda") if probe else None
 
     def verdict(ok: bool, checkable: bool, reason: str, gpus: Sequence[GpuReport] = ()) -> GpuVerdict:
+        runs = [c.runs for g in gpus for c in g.checks if c.error is None and c.runs >= 2]
+        power = power_statement(min(runs), fault_rate) if runs else None
         return GpuVerdict(ok=ok, checkable=checkable, reason=reason, gpus=tuple(gpus), torch=torch_v,
-                          cuda=cuda_v, python=python)
+                          cuda=cuda_v, python=python, power=power)
 
     done = [g for g in raw.get("gpus_done") or () if isinstance(g, Mapping)]
     if probe is None:
@@ -351,7 +468,7 @@ def query_nvidia_smi(timeout: float = SMI_TIMEOUT) -> list[dict[str, Any]] | Non
         try:
             proc = subprocess.run(
                 ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=timeout)
+                check=False, capture_output=True, text=True, timeout=timeout)
         except (OSError, subprocess.TimeoutExpired):
             return None
         if proc.returncode == 0:
@@ -418,9 +535,12 @@ def collect_raw(timeout: float = DEFAULT_TIMEOUT, *, python: str | None = None,
 
 
 def run_check(timeout: float = DEFAULT_TIMEOUT, *, python: str | None = None,
-              probe_args: Sequence[str] = (), environ: Mapping[str, str] | None = None) -> GpuVerdict:
+              probe_args: Sequence[str] | None = None, environ: Mapping[str, str] | None = None,
+              fault_rate: float = DEFAULT_FAULT_RATE) -> GpuVerdict:
     """The preflight for ``preflight: [gpu]``: probe in a subprocess, bounded by ``timeout`` seconds.
 
     ``python`` is the interpreter that has torch (default: the supervisor's own); pass the training
-    command's interpreter when the supervisor lives in a torch-less environment."""
-    return judge_gpu_results(collect_raw(timeout, python=python, probe_args=probe_args, environ=environ))
+    command's interpreter when the supervisor lives in a torch-less environment. ``probe_args``
+    default to :func:`probe_args_for` with :data:`DEFAULT_REPEATS`."""
+    args = probe_args_for() if probe_args is None else list(probe_args)
+    return judge_gpu_results(collect_raw(timeout, python=python, probe_args=args, environ=environ), fault_rate)

@@ -6,6 +6,11 @@ kernel without error but returns slightly different numbers now and then (silent
 With deterministic algorithms the same kernel on the same input must give the same bits every time,
 so any difference at all between repeats is a fault, never a tolerance question.
 
+The shapes include the case known to catch bad cards that pass everything else: a conv2d on a large
+image with few output channels (1 and 4), whose result differed on well under 1 % of calls on a
+faulty GPU. Intermittent faults are why the run count matters: ``--runs 300`` catches a fault on
+1 % of calls with probability 1-0.99**300 = 95 %.
+
 Self-contained on purpose (stdlib + torch, no package imports): :func:`supervisor.health.run_check`
 runs this file by path with whatever Python holds torch, even one where ``supervisor`` is not installed.
 
@@ -69,9 +74,11 @@ def _repeat(name: str, runs: int, compute: Any, torch: Any, sync: Any) -> dict[s
 
 
 def _checks_for(device: Any, args: argparse.Namespace, torch: Any) -> list[dict[str, Any]]:
-    """The checks on one device: conv2d (cuDNN), fp32 and bf16 matmul (cuBLAS)."""
+    """The checks on one device: conv2d (cuDNN) with 8, 1 and 4 output channels, fp32 and bf16
+    matmul (cuBLAS)."""
     gen = torch.Generator(device="cpu").manual_seed(args.seed)
-    size, msize = args.size, args.matmul_size
+    size, msize, large = args.size, args.matmul_size, args.large_size
+    matmul_runs = args.matmul_runs if args.matmul_runs is not None else args.runs
 
     def sync() -> None:
         if device.type == "cuda":
@@ -85,13 +92,22 @@ def _checks_for(device: Any, args: argparse.Namespace, torch: Any) -> list[dict[
         return _repeat(f"conv2d_fp32_{size}", args.runs,
                        lambda: torch.nn.functional.conv2d(image, weight, bias, padding=1), torch, sync)
 
+    def conv2d_few_out(out_channels: int) -> dict[str, Any]:
+        # The bad-card case: a large image reduced to 1-4 output channels. cuDNN picks other kernels
+        # for so few outputs (long reductions per output pixel), and those were the ones that erred.
+        image = torch.randn(1, args.large_channels, large, large, generator=gen).to(device)
+        weight = torch.randn(out_channels, args.large_channels, 3, 3, generator=gen).to(device)
+        return _repeat(f"conv2d_fp32_{large}_out{out_channels}", args.runs,
+                       lambda: torch.nn.functional.conv2d(image, weight, None, padding=1), torch, sync)
+
     def matmul(dtype: Any, label: str) -> dict[str, Any]:
         a = torch.randn(msize, msize, generator=gen).to(device, dtype)
         b = torch.randn(msize, msize, generator=gen).to(device, dtype)
-        return _repeat(f"matmul_{label}_{msize}", args.matmul_runs, lambda: a @ b, torch, sync)
+        return _repeat(f"matmul_{label}_{msize}", matmul_runs, lambda: a @ b, torch, sync)
 
     results = []
-    for run in (conv2d, lambda: matmul(torch.float32, "fp32"), lambda: matmul(torch.bfloat16, "bf16")):
+    for run in (conv2d, lambda: conv2d_few_out(1), lambda: conv2d_few_out(4),
+                lambda: matmul(torch.float32, "fp32"), lambda: matmul(torch.bfloat16, "bf16")):
         try:
             results.append(run())
         except Exception as exc:  # noqa: BLE001 - allocation or transfer failed before the check ran
@@ -133,9 +149,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu exists to test the probe itself on machines without a GPU")
     parser.add_argument("--index", type=int, action="append", help="device index (repeatable; default all)")
     parser.add_argument("--size", type=int, default=4096, help="conv2d input is 1x3xSIZExSIZE")
-    parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--large-size", type=int, default=4096,
+                        help="few-output-channel conv2d input is 1xCHANNELSxSIZExSIZE")
+    parser.add_argument("--large-channels", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=300, help="runs of every check (matmuls too, unless "
+                        "--matmul-runs); 300 catch a 1 %% per-call fault with probability 95 %%")
     parser.add_argument("--matmul-size", type=int, default=4096)
-    parser.add_argument("--matmul-runs", type=int, default=50)
+    parser.add_argument("--matmul-runs", type=int, default=None, help="[--runs]")
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args(argv)
 
@@ -169,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         try:
             result["cudnn"] = torch.backends.cudnn.version()
-        except Exception:  # noqa: BLE001
-            pass
+        except Exception as exc:  # noqa: BLE001 - the version is informational
+            result["warnings"].append(f"cudnn version unknown: {exc}"[:500])
     else:
         count = 1
     result["device_count"] = count

@@ -14,8 +14,24 @@ from typing import Any
 import pytest
 
 from supervisor.cli.gpu_cmd import render
-from supervisor.health import (EXIT_CANNOT_CHECK, EXIT_HEALTHY, EXIT_UNHEALTHY, PROBE_PATH,
-                               judge_gpu_results, parse_nvidia_smi_csv, parse_probe_output, run_check)
+from supervisor.config import GpuCheckConfig, load_config
+from supervisor.errors import ConfigError
+from supervisor.health import (
+    DEFAULT_REPEATS,
+    EXIT_CANNOT_CHECK,
+    EXIT_HEALTHY,
+    EXIT_UNHEALTHY,
+    PROBE_PATH,
+    after_loss_anomaly,
+    detection_power,
+    judge_gpu_results,
+    parse_nvidia_smi_csv,
+    parse_probe_output,
+    power_statement,
+    probe_args_for,
+    repeats_for_power,
+    run_check,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 UUID0 = "GPU-1b2c3d4e-0000-1111-2222-333344445555"
@@ -178,19 +194,22 @@ def test_probe_comparison_sees_every_bit() -> None:
 
 
 def test_probe_on_cpu_runs_every_check_and_judges_healthy() -> None:
-    """The real probe subprocess (on the CPU: its --device cpu mode exists for this), judged."""
+    """The real probe subprocess (on the CPU: its --device cpu mode exists for this), judged. The
+    checks include the bad-card shape: a large image reduced to 1 and 4 output channels."""
     pytest.importorskip("torch")
-    verdict = run_check(120, probe_args=["--device", "cpu", "--size", "64", "--runs", "3",
+    verdict = run_check(120, probe_args=["--device", "cpu", "--size", "64", "--large-size", "96", "--runs", "3",
                                          "--matmul-size", "64", "--matmul-runs", "3"])
     assert verdict.ok, verdict.reason
-    assert [c.name for c in verdict.gpus[0].checks] == ["conv2d_fp32_64", "matmul_fp32_64", "matmul_bf16_64"]
+    assert [c.name for c in verdict.gpus[0].checks] == ["conv2d_fp32_64", "conv2d_fp32_96_out1", "conv2d_fp32_96_out4",
+                                                        "matmul_fp32_64", "matmul_bf16_64"]
     assert all(c.mismatches == 0 and c.runs == 3 for c in verdict.gpus[0].checks)
+    assert verdict.power is not None and verdict.power.repeats == 3
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU")
 def test_check_gpu_without_a_gpu_exits_2_with_the_reason() -> None:
     proc = subprocess.run([sys.executable, "-m", "supervisor", "check-gpu", "--json"], capture_output=True,
-                          text=True, timeout=180, cwd=REPO)
+                          text=True, timeout=180, cwd=REPO, check=False)
     assert proc.returncode == EXIT_CANNOT_CHECK, proc.stderr
     data = json.loads(proc.stdout)
     assert data["ok"] is False and data["checkable"] is False and data["exit_code"] == 2
@@ -199,7 +218,7 @@ def test_check_gpu_without_a_gpu_exits_2_with_the_reason() -> None:
 
 def test_check_gpu_with_a_missing_interpreter_is_a_clear_cannot_check() -> None:
     proc = subprocess.run([sys.executable, "-m", "supervisor", "check-gpu", "--python", "/nonexistent/python"],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+                          capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
     assert proc.returncode == EXIT_CANNOT_CHECK
     assert proc.stdout.strip() == ("cannot check: cannot start /nonexistent/python: No such file or directory; "
                                    "pass --python with an interpreter that has torch")
@@ -211,7 +230,84 @@ def test_check_gpu_with_a_missing_interpreter_is_a_clear_cannot_check() -> None:
                     "(benchmarks/gpu/run_all.sh runs check-gpu on the H200)")
 def test_check_gpu_on_a_real_gpu_is_healthy() -> None:
     proc = subprocess.run([sys.executable, "-m", "supervisor", "check-gpu", "--json"], capture_output=True,
-                          text=True, timeout=300, cwd=REPO)
+                          text=True, timeout=300, cwd=REPO, check=False)
     data = json.loads(proc.stdout)
     assert proc.returncode == 0, data["reason"]
     assert all(c["mismatches"] == 0 for g in data["gpus"] for c in g["checks"])
+
+
+# --------------------------------------------------------------------------- detection power
+
+
+@pytest.mark.parametrize("rate, repeats", [(0.01, 100), (0.01, 300), (0.001, 3000), (0.05, 20)])
+def test_detection_power_is_one_minus_the_chance_every_repeat_is_clean(rate: float, repeats: int) -> None:
+    assert detection_power(rate, repeats) == pytest.approx(1 - (1 - rate) ** repeats)
+
+
+def test_the_old_fixed_100_repeats_miss_a_one_percent_fault_37_percent_of_the_time() -> None:
+    assert 1 - detection_power(0.01, 100) == pytest.approx(0.366, abs=0.001)
+    assert detection_power(0.01, DEFAULT_REPEATS) >= 0.95
+
+
+@pytest.mark.parametrize("rate, power", [(0.01, 0.95), (0.01, 0.99), (0.001, 0.9), (0.2, 0.5)])
+def test_repeats_for_power_is_the_fewest_that_reach_it(rate: float, power: float) -> None:
+    n = repeats_for_power(rate, power)
+    assert detection_power(rate, n) >= power > detection_power(rate, n - 1)
+
+
+def test_every_verdict_that_ran_checks_states_its_power() -> None:
+    bad = check(runs=300, mismatches=1, diff=0.5)
+    verdict = judge_gpu_results(raw(gpu(0, bad, check("matmul_bf16_4096", runs=300))), fault_rate=0.01)
+    assert verdict.power is not None and verdict.power.repeats == 300
+    assert verdict.power.probability == pytest.approx(detection_power(0.01, 300), abs=1e-6)
+    assert verdict.power.repeats_for_target == repeats_for_power(0.01, 0.99)
+    text = render(verdict)
+    assert "detects a per-call fault rate >= 1 % with probability 95.1 %" in text
+    assert f"99 % needs {repeats_for_power(0.01, 0.99)} repeats" in text
+    assert text.splitlines()[-1].startswith("UNHEALTHY")  # the verdict stays the last line
+    assert verdict.to_dict()["power"]["probability"] == verdict.power.probability
+    nothing = judge_gpu_results({"probe": {"error": "no CUDA device", "gpus": []}})
+    assert nothing.power is None
+
+
+def test_power_is_stated_for_the_fewest_runs_any_check_made() -> None:
+    verdict = judge_gpu_results(raw(gpu(0, check(runs=300), check("matmul_fp32_4096", runs=50))))
+    assert verdict.power is not None and verdict.power.repeats == 50
+    assert power_statement(50).probability == verdict.power.probability
+
+
+def test_probe_args_give_every_check_the_repeats() -> None:
+    assert probe_args_for(459, [1]) == ["--runs", "459", "--matmul-runs", "459", "--index", "1"]
+
+
+def test_check_gpu_power_picks_the_repeats_and_refuses_both_options() -> None:
+    both = subprocess.run([sys.executable, "-m", "supervisor", "check-gpu", "--repeats", "10", "--power", "0.9"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO, check=False)
+    assert both.returncode == 2 and "give --repeats or --power, not both" in both.stderr
+    assert "Traceback" not in both.stderr
+
+
+# --------------------------------------------------------------------------- after a loss anomaly
+
+
+@pytest.mark.parametrize("mode, anomalies, run", [
+    ("nonfinite", ["nan"], True),
+    ("nonfinite", ["spike", "inf"], True),
+    ("nonfinite", ["spike", "spike"], False),
+    ("any", ["spike"], True),
+    ("off", ["nan", "inf"], False),
+    ("any", [], False),
+])
+def test_a_loss_anomaly_leads_to_a_gpu_check_as_the_policy_says(mode: str, anomalies: list[str], run: bool) -> None:
+    decision = after_loss_anomaly(GpuCheckConfig(after_loss_anomaly=mode), anomalies)
+    assert decision.run is run and decision.reason
+
+
+def test_the_default_policy_checks_the_gpu_after_a_nan_loss() -> None:
+    assert after_loss_anomaly(load_config(environ={}).gpu_check, ["nan"]).run
+
+
+@pytest.mark.parametrize("key, value", [("repeats", "1"), ("fault_rate", "1.5"), ("after_loss_anomaly", "always")])
+def test_bad_gpu_check_settings_are_refused_with_the_key(key: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"gpu_check.{key}"):
+        load_config(environ={f"SUPERVISE_GPU_CHECK__{key.upper()}": value})

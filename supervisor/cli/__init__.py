@@ -17,6 +17,8 @@ _COMMAND_MODULES = (
     "report_cmds",  # supervise report, supervise status
     "submit_cmd",  # supervise submit
     "gpu_cmd",  # supervise check-gpu
+    "diagnose_cmd",  # supervise diagnose
+    "nodes_cmd",  # supervise nodes
     "demo_cmd",  # supervise demo
 )
 
