@@ -5,6 +5,7 @@ A real GPU run is marked ``gpu`` (skipped here, visibly; benchmarks/gpu/run_all.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -311,3 +312,41 @@ def test_the_default_policy_checks_the_gpu_after_a_nan_loss() -> None:
 def test_bad_gpu_check_settings_are_refused_with_the_key(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"gpu_check.{key}"):
         load_config(environ={f"SUPERVISE_GPU_CHECK__{key.upper()}": value})
+
+
+# --------------------------------------------------------------------------- the preflight in the templates
+
+
+def _run_template(name: str, tmp_path: Path, env_extra: dict[str, str]) -> str:
+    """Run a rendered template with stand-ins for srun (drops its options) and supervise (prints the
+    preflight setting it was started with); returns what supervise saw."""
+    from supervisor import templates
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [ $# -gt 0 ] && [[ "$1" == -* ]]; do shift; done\nexec "$@"\n')
+    (bin_dir / "supervise").write_text('#!/bin/bash\necho "preflight=${SUPERVISE_PREFLIGHT-<unset>}"\n')
+    for tool in ("srun", "supervise"):
+        (bin_dir / tool).chmod(0o755)
+    values = {"run_dir": str(tmp_path / "run"), "command": ["python", "train.py"], "gpus_per_node": 4,
+              "supervise": str(bin_dir / "supervise")}
+    if name == "time_limit":
+        values["time"] = "4:00:00"
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(templates.render(name, **values))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERVISE_", "SLURM", "CUDA_VISIBLE"))}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", SLURM_JOB_ID="7", SLURM_CPUS_ON_NODE="4",
+               SLURM_JOB_NUM_NODES="1", SLURM_NODEID="0", **env_extra)
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=20, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("name", ["single_node", "multi_node", "multi_node_per_node", "preemptible", "time_limit"])
+def test_gpu_templates_run_the_preflight_where_the_job_has_gpus(name: str, tmp_path: Path) -> None:
+    assert _run_template(name, tmp_path, {"SLURM_GPUS_ON_NODE": "4"}) == "preflight=gpu"
+    assert _run_template(name, tmp_path, {}) == "preflight=<unset>"  # no GPU: nothing to check
+    # a person's choice at submission wins
+    assert _run_template(name, tmp_path, {"SLURM_GPUS_ON_NODE": "4", "SUPERVISE_PREFLIGHT": "[]"}) == "preflight=[]"
+    assert load_config(environ={"SUPERVISE_PREFLIGHT": "gpu"}).preflight == ("gpu",)
+    assert load_config(environ={"SUPERVISE_PREFLIGHT": "[]"}).preflight == ()

@@ -64,7 +64,7 @@ def render(verdict: GpuVerdict) -> str:
             else:
                 state = f"MISMATCH in {check.mismatches} runs, max |diff| {check.max_abs_diff:.3g}"
             took = f"{check.seconds:.2f} s" if check.seconds is not None else ""
-            lines.append(f"  {check.name:<20} {check.runs:>4} runs  {took:>8}  {state}")
+            lines.append(f"  {check.name:<24} {check.runs:>4} runs  {took:>8}  {state}")
     if verdict.power is not None:
         lines.append(f"power: {verdict.power.text}")
     word = "healthy" if verdict.ok else ("UNHEALTHY" if verdict.checkable else "cannot check")
