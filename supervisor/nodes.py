@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -168,6 +169,13 @@ class NodeLedger:
         except OSError as exc:
             log.warning("node ledger %s: cannot lock it (%s)", self.path, exc.strerror or exc)
             return False
+
+    def append_in_background(self, record: NodeRecord) -> threading.Thread:
+        """:meth:`append` on a daemon thread: the run loop never waits for a lock or a slow shared
+        filesystem. ``join()`` the thread to wait for it (at teardown, bounded)."""
+        thread = threading.Thread(target=self.append, args=(record,), daemon=True, name="node-ledger")
+        thread.start()
+        return thread
 
     def _rotate_if_full(self, incoming: int) -> None:
         try:
