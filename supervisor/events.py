@@ -62,6 +62,7 @@ class Ev(str, Enum):
     NOTICE = "notice"  # stop notice: signal, poll, time limit
     ARBITRATION = "arbitration"  # block / abort / emergency save / stop now, with the numbers
     REQUEUE = "requeue"
+    STOP_CAUSE = "stop_cause"  # why Slurm (or a person) ended the attempt, read from the job record
     STALL = "stall"
     SLOWDOWN = "slowdown"
     LOSS_ANOMALY = "loss_anomaly"

@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from supervisor.child import ChildExit, ChildSpec
 from supervisor.signals import ReceivedSignal
+from supervisor.slurm.parse import JobInfo
 
 
 class FakeClock:
@@ -199,21 +200,18 @@ class FakeStarter:
         return child
 
 
-@dataclass
-class Job:
-    """A scripted Slurm job record (the fields the loop reads from ``JobInfo``)."""
-
-    state: str = "RUNNING"
-    preempt_time: float | None = None
-    end_time: float | None = None
-    requeue: bool = True
+def Job(state: str = "RUNNING", preempt_time: float | None = None, end_time: float | None = None,
+        requeue: bool = True, restarts: int = 0, time_limit: int | None = 3600) -> JobInfo:
+    """A scripted Slurm job record: the facade's own ``JobInfo``, as ``scontrol show job`` parses."""
+    return JobInfo(job_id=1, state=state, requeue=requeue, batch_flag=1, restarts=restarts,
+                   preempt_time=preempt_time, end_time=end_time, start_time=999_000.0, time_limit=time_limit)
 
 
 class FakeSlurm:
     """``job_info`` answers with ``records`` (a function of the fake time); ``answers=False`` is a
     slurmctld that never answers."""
 
-    def __init__(self, clock: FakeClock, record: Callable[[float], Job | None] | None = None,
+    def __init__(self, clock: FakeClock, record: Callable[[float], JobInfo | None] | None = None,
                  answers: bool = True, version: tuple[int, ...] = (22, 5, 8)) -> None:
         self.clock, self.record, self.answers, self._version = clock, record, answers, version
         self.requeues: list[tuple[float, tuple[str, ...]]] = []
@@ -222,12 +220,12 @@ class FakeSlurm:
     def request_job_info(self) -> None:
         self.queries += 1
 
-    def job_info(self) -> Job | None:
+    def job_info(self) -> JobInfo | None:
         if not self.answers or self.record is None:
             return None
         return self.record(self.clock.now() - self.clock.start)
 
-    def job_info_now(self, timeout: float) -> Job | None:
+    def job_info_now(self, timeout: float) -> JobInfo | None:
         if not self.answers:
             self.clock.t += timeout
             return None

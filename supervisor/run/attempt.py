@@ -44,6 +44,7 @@ class AttemptState:
     stop: StopState = field(default_factory=StopState)
     save_history: SaveHistory | None = None  # what the notice was arbitrated with
     checkpoint_dir_error: str | None = None  # the checkpoint directory could not be listed
+    stop_verdict: Any = None  # supervisor.slurm.StopVerdict: why Slurm (or a person) ended the attempt
     lock_lost: str | None = None  # another supervisor took the run directory while this attempt ran
     deadline_source: str | None = None  # where the notice's deadline came from
     refine_until: float = 0.0  # keep asking Slurm for the real deadline until then

@@ -29,6 +29,7 @@ from ..budget import ledger_from_events
 from ..lock import RunLock
 from ..preemption import decide_requeue
 from ..signals import SignalInbox, signal_number
+from ..slurm.stop_cause import StopCause
 from ..slurm import SlurmEnv, get_backend
 from ..states import Action, FailureClass, RunOutcome
 from . import notice as notices
@@ -244,13 +245,15 @@ class Runner:
         if state.lock_lost:
             return self._end(RunOutcome.STOPPED, ExitCode.LOCKED, f"run directory taken over: {state.lock_lost}",
                              state, stopped_by="lock")
-        info = None
         if ctx.slurm_env.job_id and (state.notice is not None or exit_.status != 0):
             info = ctx.slurm.job_info_now(SETTLE_TIMEOUT)
             if state.notice is None and info is not None and getattr(info, "preempt_time", None):
                 # In a batch-step layout only the srun step is signalled at grace start.
                 notices.on_notice(ctx, child, state, "poll", None, ended, None)
-        notice_cls, notice_reason = notices.settle_cause(state.notice, info, exit_.status)
+            state.stop_verdict = notices.read_stop_cause(ctx, state.notice, SETTLE_TIMEOUT)
+            if state.stop_verdict is not None:
+                ctx.emit(Ev.STOP_CAUSE, attempt=state.attempt, **state.stop_verdict.to_event())
+        notice_cls, notice_reason = notices.settle_cause(state.notice, state.stop_verdict, exit_.status)
         failure = classify(exit_.exit_code, exit_.signal, child.tail_text(), policy=ctx.cfg.policy,
                            step_regex=ctx.cfg.step_regex)
         facts = AttemptFacts(hang=state.hang, cancelled=state.cancelled, notice_class=notice_cls,
@@ -334,9 +337,11 @@ class Runner:
         exclude: tuple[str, ...] = ()
         if policy.exclude_node:
             exclude = tuple(sorted(state.nodes)) or ((ctx.slurm_env.nodename,) if ctx.slurm_env.nodename else ())
+        verdict = state.stop_verdict
+        already = verdict is not None and verdict.cause is StopCause.REQUEUED
         decision = decide_requeue(child_outcome=cls, in_slurm=bool(job_id),
                                   job_requeueable=getattr(info, "requeue", None), slurm_version=version,
-                                  notice=state.notice, already_requeued=False,
+                                  notice=state.notice, already_requeued=already,
                                   job_state=str(getattr(info, "state", "") or "") or None,
                                   policy=ctx.cfg.preemption.requeue,
                                   requeue_on_time_limit=ctx.cfg.preemption.requeue_on_time_limit,

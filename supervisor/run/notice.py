@@ -18,6 +18,7 @@ from typing import Any
 
 from ..events import Ev
 from ..preemption import Notice, SaveHistory, after_block, arbitrate, notice_for
+from ..slurm.stop_cause import StopCause, StopVerdict, stop_cause
 from ..states import FailureClass
 from .attempt import AttemptState
 from .context import RunContext
@@ -174,24 +175,47 @@ def poll_for_preemption(ctx: RunContext, child: Any, state: AttemptState, now: f
         on_notice(ctx, child, state, "poll", None, now, rate)
 
 
-def settle_cause(notice: Notice | None, info: Any | None, status: int) -> tuple[FailureClass | None, str | None]:
-    """After the child ended: what the notice was, judged from Slurm's fresh job record.
+_CAUSE_CLASS = {
+    StopCause.PREEMPTED: FailureClass.PREEMPTED,
+    StopCause.TIME_LIMIT: FailureClass.TIME_LIMIT,
+    StopCause.CANCELLED_BY_PERSON: FailureClass.CANCELLED,
+    StopCause.NODE_FAILURE: FailureClass.NODE_FAILURE,
+    StopCause.REQUEUED: FailureClass.PREEMPTED,  # it comes back through Slurm: not a failure of the run
+}
 
-    A cancelled job (``JobState=CANCELLED`` without a PreemptTime) is a person's cancel whatever
-    signal arrived; so is a SIGTERM to a job that Slurm still shows RUNNING with no PreemptTime
-    and its time limit not reached (``scancel --signal=TERM``). Without a record the notice's own
-    reading stands (preemption, or a time limit for the ``--signal`` warning)."""
-    state = str(getattr(info, "state", "") or "").upper() if info is not None else ""
-    preempt = getattr(info, "preempt_time", None) if info is not None else None
+
+def settle_cause(notice: Notice | None, verdict: StopVerdict | None,
+                 status: int) -> tuple[FailureClass | None, str | None]:
+    """After the child ended: what ended the attempt, from Slurm's fresh job record as
+    :func:`supervisor.slurm.stop_cause` reads it (a cancel is a person's, whatever signal came),
+    else from the notice itself. ``(None, None)``: nothing from outside ended it (the child's own
+    exit decides)."""
+    if verdict is not None and verdict.cause is not StopCause.UNKNOWN:
+        if notice is None and verdict.cause not in (StopCause.CANCELLED_BY_PERSON, StopCause.NODE_FAILURE) \
+                and status != 0 and verdict.cause is not StopCause.REQUEUED:
+            return None, None  # the child failed by itself; Slurm's state is not why
+        if notice is None and status == 0:
+            return None, None
+        return _CAUSE_CLASS[verdict.cause], verdict.reason
     if notice is None:
-        if state.startswith("CANCELLED") and not preempt and status != 0:
-            return FailureClass.CANCELLED, f"the job was cancelled (JobState={state}) while the child ran"
         return None, None
-    if state.startswith("CANCELLED") and not preempt:
-        return FailureClass.CANCELLED, f"the job was cancelled (JobState={state}, no PreemptTime)"
-    if (info is not None and not preempt and state == "RUNNING" and notice.source == "signal"
-            and notice.signal == "TERM" and notice.failure_class is FailureClass.PREEMPTED):
-        return FailureClass.CANCELLED, ("SIGTERM while Slurm shows the job RUNNING with no PreemptTime and no time "
-                                        "limit reached: a person's scancel --signal=TERM")
-    cls = notice.failure_class
-    return cls, f"stop notice ({notice.signal or notice.source})"
+    return notice.failure_class, f"stop notice ({notice.signal or notice.source})"
+
+
+def read_stop_cause(ctx: RunContext, notice: Notice | None, timeout: float) -> StopVerdict | None:
+    """The job record read now (bounded) and judged; read once more when the verdict asks for it."""
+    if not ctx.slurm_env.job_id:
+        return None
+    info = ctx.slurm.job_info_now(timeout)
+    verdict = _judge_stop(ctx, info, notice)
+    if verdict.recheck_after is not None:
+        ctx.waker.wait(verdict.recheck_after)
+        info = ctx.slurm.job_info_now(timeout)
+        verdict = _judge_stop(ctx, info, notice)
+    return verdict
+
+
+def _judge_stop(ctx: RunContext, info: Any, notice: Notice | None) -> StopVerdict:
+    return stop_cause(info, ctx.clock.now(), notice.signal if notice else None, version=ctx.slurm.version(),
+                      time_limit_signal=ctx.cfg.preemption.time_limit_signal,
+                      expected_restarts=ctx.slurm_env.restart_count)
