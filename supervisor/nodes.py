@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 from .config import NodesConfig
 
@@ -227,6 +228,29 @@ class NodeLedger:
             records = records[-MAX_RECORDS:]
         records.sort(key=lambda r: r.ts)
         return LedgerRead(records, bad)
+
+
+def current_exclusions(ledger: NodeLedger, now: float, policy: NodesConfig,
+                       timeout: float = 2.0) -> tuple[list[Exclusion], str | None]:
+    """:func:`exclusions` of the ledger as it is now, read on a thread bounded by ``timeout``
+    seconds (a requeue may be racing a grace deadline; a hung shared filesystem must not cost it).
+    Returns (exclusions, why none could be read or None)."""
+    box: list[Any] = []
+
+    def work() -> None:
+        try:
+            box.append(exclusions(ledger.read().records, now, policy))
+        except Exception as exc:  # noqa: BLE001 - an unreadable ledger excludes nothing
+            box.append(exc)
+
+    thread = threading.Thread(target=work, daemon=True, name="node-ledger-read")
+    thread.start()
+    thread.join(timeout)
+    if not box:
+        return [], f"the node ledger {ledger.path} did not answer within {timeout:g} s"
+    if isinstance(box[0], Exception):
+        return [], f"cannot read the node ledger {ledger.path}: {box[0]}"
+    return box[0], None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -91,6 +91,16 @@ class StallTimeout:
             self._cached = None
         self._last_value, self._last_at = step, now
 
+    def progress(self, now: float) -> None:
+        """Progress already judged by the caller (``ProgressTracker.observe`` returned True): the
+        time since the previous progress is a gap."""
+        if self._last_at is not None and now >= self._last_at:
+            gap = now - self._last_at
+            self._gaps.append(gap)
+            self._longest = max(self._longest, gap)
+            self._cached = None
+        self._last_value, self._last_at = None, now
+
     def saved(self) -> None:
         """A checkpoint landed: the run is past its start-up, the learned timeout applies."""
         self._saved = True
@@ -101,7 +111,7 @@ class StallTimeout:
 
     @property
     def warmed_up(self) -> bool:
-        return len(self._gaps) >= self.cfg.warmup_reports or (self._saved and self._last_value is not None)
+        return len(self._gaps) >= self.cfg.warmup_reports or (self._saved and self._last_at is not None)
 
     def timeout(self) -> float | None:
         """The learned timeout in seconds; None during the warm-up (and when stall detection is

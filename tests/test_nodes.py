@@ -20,6 +20,7 @@ from supervisor.errors import ConfigError
 from supervisor.nodes import (
     NodeEventKind,
     NodeLedger,
+    current_exclusions,
     exclusions,
     ledger_path,
     parse_record,
@@ -119,6 +120,19 @@ def test_a_background_append_lands_without_the_caller_waiting_for_the_lock(tmp_p
         assert time.monotonic() - started < 1.0 and thread.is_alive()
     thread.join(15)
     assert [r.node for r in ledger.read().records] == ["n2"]
+
+
+def test_the_exclusions_at_a_requeue_are_read_within_a_bound(tmp_path: Path) -> None:
+    ledger = NodeLedger(tmp_path / "nodes.jsonl")
+    now = time.time()
+    for ts in (now - 100, now - 50):
+        ledger.append(record_failure("n7", "hardware_fault", ts=ts))
+    found, problem = current_exclusions(ledger, now, POLICY)
+    assert problem is None and [x.node for x in found] == ["n7"]
+    (tmp_path / "nodes.jsonl").unlink()  # unreadable: a directory in its place (root reads any file)
+    (tmp_path / "nodes.jsonl").mkdir()
+    found, problem = current_exclusions(ledger, now, POLICY)
+    assert found == [] and problem is not None and "cannot read the node ledger" in problem
 
 
 def test_a_ledger_that_cannot_be_written_does_not_raise(tmp_path: Path) -> None:

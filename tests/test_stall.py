@@ -131,3 +131,18 @@ def test_stall_detection_can_be_turned_off() -> None:
 def test_bad_stall_settings_are_refused_with_the_key(key: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"stall.{key}"):
         load_config(environ={f"SUPERVISE_STALL__{key.upper()}": value})
+
+
+def test_progress_judged_by_the_tracker_feeds_the_same_gaps() -> None:
+    """The run loop reports progress as ProgressTracker.observe/observe_counter judge it: counters
+    and global steps interleaved still give one gap per progress."""
+    stall, tracker = StallTimeout(CFG), ProgressTracker(started_at=0.0)
+    now = 0.0
+    for i in range(30):
+        now += 5.0
+        if tracker.observe(i, now):
+            stall.progress(now)
+        now += 5.0
+        if tracker.observe_counter(i % 7, now):  # an epoch-local counter between the steps
+            stall.progress(now)
+    assert stall.gaps == 59 and stall.timeout() == max(CFG.floor, CFG.multiple * 5.0)
