@@ -508,13 +508,13 @@ class DirCommit:
         return self.staging
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+                 tb: TracebackType | None) -> None:
         if exc is not None:
             # This rank's part failed: nothing is committed and the staging directory stays (never
             # a resume candidate; removed at the next attempt start). The other ranks wait in the
             # barrier until the launcher ends the group, as with any failed collective.
             self._end_report(exc)
-            return False
+            return
         first_barrier_passed = False
         try:
             staging = self._staging()
@@ -540,7 +540,6 @@ class DirCommit:
         self._barrier()
         if self.rank != 0:
             self._confirm_published()
-        return False
 
     # -- parts ----------------------------------------------------------------------------
 

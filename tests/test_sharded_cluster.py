@@ -4,8 +4,8 @@ in flight.
 
 Layout (a) of sbatch_templates/ (one supervisor in the batch step; the ranks are an ``srun`` step
 it starts): ``supervise run -- srun --kill-on-bad-exit=1 bash ranks.sh examples/train_fsdp.py``.
-Every save takes 2 s more on every rank (``--save-seconds``, a slow filesystem), so the
-preemption lands mid-save; the grace (20 s) leaves room for it. What must happen: the supervisor
+Every save takes 5 s more on every rank (``--save-seconds``, a slow filesystem), so the
+preemption lands mid-save; the grace (25 s) leaves room for it. What must happen: the supervisor
 lets the save finish (it was reported by rank 0 once both ranks were done), stops the training at
 that step, requeues; the requeued job resumes from that save, the newest complete checkpoint, with
 0 steps lost; every directory left is committed by both ranks and validates.
@@ -82,8 +82,8 @@ def test_two_ranks_on_two_nodes_preempted_mid_save_resume_from_that_save_with_no
     run_dir = slurm_job_dir / "run"
     ckpt = run_dir / "checkpoints"
     wrapper = rank_wrapper(slurm_job_dir, free_port())
-    args = "--steps 40 --step-time 0.2 --save-every 10 --save-seconds 2"
-    with slurm_cluster.grace(20):
+    args = "--steps 40 --step-time 0.2 --save-every 10 --save-seconds 5"
+    with slurm_cluster.grace(25):
         job = slurm_cluster.sbatch(job_script(run_dir, wrapper, args), "-p", "extra", "-N2", "--ntasks-per-node=1",
                                    "--exclusive", "--requeue", "--open-mode=append", "--time=8", "-J", "dcp2",
                                    "-o", f"{slurm_job_dir}/dcp2-%j.out")
@@ -104,8 +104,8 @@ def test_two_ranks_on_two_nodes_preempted_mid_save_resume_from_that_save_with_no
     resume = events(run_dir, "resume_point")[1]
     assert Path(resume["path"]).name == "step-20" and resume["step"] == 20, resume
     assert [e["step"] for e in events(run_dir, "resumed") if e["attempt"] == 2] == [20]
-    assert events(run_dir, "run_end")[-1]["outcome"] == "complete"
-    assert [e.get("how") for e in events(run_dir, "requeue") if e.get("ok")][:1] in (["scontrol"], ["slurm"])
+    # Requeued once (by the supervisor on 22.05-23.11, by Slurm itself from 24.05 on), then complete.
+    assert [e["outcome"] for e in events(run_dir, "run_end")] == ["requeue", "complete"]
 
     left = sorted(p.name for p in ckpt.iterdir())
     assert not [n for n in left if sharded.parse_staging_name(n) or sharded.parse_aside_name(n)], left

@@ -85,13 +85,13 @@ def save(state_dict: dict[str, Any], final_path: str | os.PathLike[str], step: i
     ``storage_writer`` is not accepted: the writer must target the staging directory). Returns
     ``final_path``. Raises :class:`supervisor.sharded.CommitError` when the commit failed; the
     previous checkpoint under ``final_path`` is then untouched."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
     if "storage_writer" in dcp_kwargs or "checkpoint_id" in dcp_kwargs:
         raise TypeError("save() chooses the checkpoint directory itself (the staging dir): "
                         "pass neither storage_writer nor checkpoint_id")
     with _commit_for(final_path, step, process_group, checksums) as staging:
-        dcp.save(state_dict, checkpoint_id=staging, process_group=process_group, **dcp_kwargs)
+        dcp_save(state_dict, checkpoint_id=staging, process_group=process_group, **dcp_kwargs)
     return Path(final_path)
 
 
@@ -132,7 +132,9 @@ def async_save(state_dict: dict[str, Any], final_path: str | os.PathLike[str], s
     """``dcp.async_save`` into a staging directory; :meth:`PendingSave.commit` makes it the
     checkpoint under ``final_path``. Rank 0's ``save_begin`` goes out now and its ``save_end`` at
     the commit, so the supervisor knows a save is in flight while training goes on."""
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict_saver import (
+        async_save as dcp_async_save,
+    )
 
     if "storage_writer" in dcp_kwargs or "checkpoint_id" in dcp_kwargs:
         raise TypeError("async_save() chooses the checkpoint directory itself (the staging dir): "
@@ -140,7 +142,7 @@ def async_save(state_dict: dict[str, Any], final_path: str | os.PathLike[str], s
     commit = _commit_for(final_path, step, process_group, checksums)
     staging = commit.__enter__()
     try:
-        future = dcp.async_save(state_dict, checkpoint_id=staging, process_group=process_group, **dcp_kwargs)
+        future = dcp_async_save(state_dict, checkpoint_id=staging, process_group=process_group, **dcp_kwargs)
     except BaseException as exc:
         commit.__exit__(type(exc), exc, exc.__traceback__)
         raise
