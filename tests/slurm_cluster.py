@@ -784,6 +784,7 @@ def stop_cluster_dir(base: Path | str, keep: bool = False) -> None:
     _wait_gone(stragglers, 5)
     if state:
         state["pids"] = {}
+        state["kept"] = keep  # stopped and kept for a person (SLURM_TEST_KEEP): no later clean-up removes it
         with contextlib.suppress(OSError):
             _write_json(cluster.state_file, state)
     if not keep:
@@ -798,7 +799,7 @@ def clean_stale_clusters(tmp_root: Path | None = None) -> list[Path]:
     for base in sorted(root.glob(DIR_PREFIX + "*")):
         state = Cluster(base).read_state()
         owner = state.get("owner_pid")
-        if not state or owner is None:
+        if not state or owner is None or (state.get("kept") and not state.get("pids")):
             continue
         if _pid_alive(owner) and _proc_start_time(owner) == state.get("owner_start"):
             continue

@@ -71,6 +71,14 @@ class SlurmVersion(NamedTuple):
         return self >= (24, 5)
 
     @property
+    def grace_exit_ends_as_preempted(self) -> bool:
+        """A job that exits during its grace is handled by PreemptMode whatever its exit status:
+        requeued when requeueable, else it ends PREEMPTED (exit code 0). 22.05-23.11: it ends
+        COMPLETED/FAILED with its own exit code. Seen on 24.11.5 and 26.05.5 (test_submit.py::
+        test_preempted_no_requeue_job_is_resubmitted_...: PREEMPTED/0 there, FAILED/75 on 22.05)."""
+        return self >= (24, 5)
+
+    @property
     def grace_exit_counts_toward_max_batch_requeue(self) -> bool:
         """That 24.05+ requeue goes through the "batch job completed, requeue it" path, which
         bumps BatchFlag; after more than MaxBatchRequeue (default 5) of them the job is held
