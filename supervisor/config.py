@@ -243,7 +243,7 @@ class SupervisorConfig:
     step_regex: str | None = None  # None = the built-in patterns (supervisor.progress)
     quarantine: bool = True  # rename torn checkpoints aside before an attempt
     verify_resume_deep: bool = True  # CRC-check (L4) the chosen resume point
-    stall_timeout: float = 0.0  # seconds without progress before the child is dumped and killed; 0 = off
+    stall_timeout: float = 0.0  # seconds without progress before the child is dumped and killed; 0 = learned (stall.*)
     slowdown_fraction: float = 0.5  # step rate below this fraction of its median ...
     slowdown_window: float = 300.0  # ... for this long: a slowdown event
     loss_spike_factor: float = 10.0  # loss above this multiple of its running median: an event

@@ -71,6 +71,8 @@ class Ev(str, Enum):
     DETERMINISM = "determinism"  # what the client reports of torch determinism settings
     WARNING = "warning"
     EVENT_LOG_GAP = "event_log_gap"  # the log could not be written for a while: delayed, lost, why
+    SLOW_NODE = "slow_node"  # a node whose ranks step slower than the other nodes' (supervisor.slownode)
+    DIAGNOSIS = "diagnosis"  # supervise diagnose: where a GPU failure really happened (supervisor.diagnose)
 
 
 @dataclass(frozen=True)

@@ -456,6 +456,8 @@ class SubmitLoop:
         slurm_patience: float = 120.0,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], None] = time.sleep,
+        nodes: Any = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         if max_submissions < 1:
             raise UsageError(f"--max-submissions: got {max_submissions}; at least 1")
@@ -473,6 +475,28 @@ class SubmitLoop:
         self.sleep = sleep
         self.submissions: list[Submission] = []
         self.excluded: tuple[str, ...] = ()
+        self.nodes = nodes  # config.NodesConfig: the node health ledger shared by the user's runs
+        self.environ = environ
+
+    def _ledger_exclusions(self) -> list[Any]:
+        """Nodes the ledger holds enough hardware evidence against (``nodes.exclude_after``)."""
+        if self.nodes is None:
+            return []
+        from .nodes import NodeLedger, current_exclusions, ledger_path
+
+        found, problem = current_exclusions(NodeLedger(ledger_path(self.nodes, self.environ), self.nodes.max_bytes),
+                                            self.clock(), self.nodes)
+        if problem:
+            log.warning("%s", problem)
+        probe = getattr(self.backend, "node_state", None)
+        kept = []
+        for item in found:  # the ledger is the user's, across clusters: only nodes this cluster has
+            try:
+                if not callable(probe) or probe(item.node) is not None:
+                    kept.append(item)
+            except Exception:
+                continue
+        return kept
 
     # ---- public -------------------------------------------------------------------------------
     def run(self) -> SubmitResult:
@@ -511,13 +535,17 @@ class SubmitLoop:
 
     # ---- steps ----------------------------------------------------------------------------------
     def _submit(self, reason: str) -> Submission:
-        args = sbatch_args_with_exclude(self.sbatch_args, self.excluded)
+        from_ledger = [x for x in self._ledger_exclusions() if x.node not in self.excluded]
+        for item in from_ledger:
+            log.warning("excluding %s: %s", item.node, item.reason)
+        args = sbatch_args_with_exclude(self.sbatch_args, (*self.excluded, *(x.node for x in from_ledger)))
         job_id = self.backend.submit(str(self.script), args)
         submission = Submission(job_id, reason)
         self.submissions.append(submission)
         append_submission(submissions_path(self.paths.run_dir), {
             "ts": round(self.clock(), 3), "job_id": job_id, "script": str(self.script), "reason": reason,
             "submission": len(self.submissions), "sbatch_args": args, "host": socket.gethostname(),
+            "excluded_by_ledger": [{"node": x.node, "reason": x.reason} for x in from_ledger],
         })
         log.info("submitted job %s (submission %d of at most %d): %s", job_id, len(self.submissions),
                  self.max_submissions, reason)

@@ -27,6 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `import
 
 import slurm_cluster as cluster_lib  # noqa: E402
 
+# Every supervisor a test starts (and every job it submits: sbatch passes the environment on) writes
+# node health to a ledger of this test session, never to the user's own (~/.cache): a test's
+# deliberate GPU failure must not get a real node excluded, nor one test's nodes another's.
+_LEDGER_DIR = Path(os.environ.get("PYTEST_NODES_LEDGER_DIR") or f"/tmp/supervise-test-ledger-{os.getpid()}")
+os.environ.setdefault("SUPERVISE_NODES__LEDGER", str(_LEDGER_DIR / "nodes.jsonl"))
+
 SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_job_dir", "slurm_version"})
 # Not SUPERVISE_*: the supervisor reads every SUPERVISE_* variable as a config key (and refuses
 # unknown ones), and jobs inherit the test's environment. SLURM_* is kept out of jobs by Cluster.env.

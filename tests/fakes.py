@@ -234,6 +234,9 @@ class FakeSlurm:
     def version(self) -> tuple[int, ...] | None:
         return self._version
 
+    def node_known(self, node: str) -> bool:
+        return node in ("n1", "n2")
+
     def requeue(self, expected_restarts: int | None, exclude: Any) -> Any:
         self.requeues.append((self.clock.now() - self.clock.start, tuple(exclude)))
 

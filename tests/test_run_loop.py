@@ -40,7 +40,8 @@ def make(tmp_path: Path, scripts: list[ChildScript], *, signals: list[tuple[floa
     if job_id:
         env.update({"SLURM_JOB_ID": job_id, "SLURM_RESTART_COUNT": "0", "SLURMD_NODENAME": "n1"})
     cfg = load_config(None, environ={}, cli={"run_dir": str(run_dir)},
-                      sets=("policy.native_crash.backoff=2", "preemption.margin=3", *sets))
+                      sets=("policy.native_crash.backoff=2", "preemption.margin=3",
+                            f"nodes.ledger={tmp_path / 'nodes.jsonl'}", *sets))
     runner = Runner(cfg, ["python3", "train.py"], environ=env, cwd=tmp_path, echo=False, clock=clock,
                     waker=waker, start_child=starter, slurm=slurm, channel=channel, manifests=False)
     return runner, {"clock": clock, "waker": waker, "channel": channel, "starter": starter, "slurm": slurm,

@@ -57,7 +57,7 @@ def submit(script: Path, sbatch_args: tuple[str, ...], max_submissions: int, run
         run_dir = Path.cwd() / run_dir
     cfg = load_config(config_file, sets=sets)
     loop = SubmitLoop(script.resolve(), sbatch_args, run_dir, get_backend(), cfg.budget,
-                      max_submissions=max_submissions, poll=poll)
+                      max_submissions=max_submissions, poll=poll, nodes=cfg.nodes)
     result = loop.run()
     if result.outcome in ("interrupted", "slurm_error") or result.exit_code != 0:
         click.echo(f"supervise submit: {result.outcome}: {result.reason}", err=True)

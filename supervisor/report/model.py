@@ -338,7 +338,8 @@ class _Session:
 _LISTED = {"requeue": "requeues", "arbitration": "arbitrations", "stall": "stalls", "slowdown": "slowdowns",
            "loss_anomaly": "loss_anomalies", "save_aborted": "save_aborted", "warning": "warnings",
            "budget": "budget", "quarantine": "quarantine", "resume_point": "resume_point",
-           "decision": "decisions", "notice": "notices", "resume_mismatch": "resume_mismatches"}
+           "decision": "decisions", "notice": "notices", "resume_mismatch": "resume_mismatches",
+           "slow_node": "warnings", "diagnosis": "warnings"}
 
 
 class _Walk:

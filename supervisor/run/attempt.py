@@ -59,6 +59,9 @@ class AttemptState:
     nodes: set[str] = field(default_factory=set)
     determinism: dict[str, Any] = field(default_factory=dict)
     slowdown_active: bool = False
+    loss_anomalies: list[str] = field(default_factory=list)  # kinds (nan/inf/spike): gpu_check.after_loss_anomaly
+    exclude: set[str] = field(default_factory=set)  # nodes to keep away from on a requeue (slow node, failed GPU)
+    requeue_reason: str | None = None  # the supervisor stopped the attempt to come back elsewhere (slow node)
     last_progress_event_at: float = 0.0
 
     def observe_step(self, step: int, now: float, source: str) -> bool:

@@ -37,6 +37,9 @@ class RunContext:
     noticed: bool = False  # a stop notice arrived in this job: exit quickly, the deadline wins
     interrupts: int = 0
     notice_signals: frozenset[int] = field(default_factory=frozenset)
+    stall: Any = None  # supervisor.stall.StallTimeout for the whole run (what it learned survives restarts)
+    ledger: Any = None  # supervisor.nodes.NodeLedger, opened on first use
+    ledger_writes: list[Any] = field(default_factory=list)  # background appends, joined (bounded) at teardown
 
     def __post_init__(self) -> None:
         if not self.notice_signals:
@@ -53,6 +56,18 @@ class RunContext:
         notify = getattr(self.cfg, "notify", None)
         if notify is not None:
             on_event(notify, event.value, fields)  # returns at once, never raises
+
+    def note_node(self, record: Any) -> None:
+        """Add a record to the node health ledger, on a background thread (never waits, never raises)."""
+        try:
+            if self.ledger is None:
+                from ..nodes import NodeLedger, ledger_path
+
+                self.ledger = NodeLedger(ledger_path(self.cfg.nodes, self.environ), self.cfg.nodes.max_bytes)
+            self.ledger_writes = [t for t in self.ledger_writes if t.is_alive()]
+            self.ledger_writes.append(self.ledger.append_in_background(record))
+        except Exception as exc:  # noqa: BLE001 - the ledger is advice
+            log.warning("node ledger: %s", exc)
 
     def read_events(self) -> list[Any]:
         """The run's events so far, through the open log (events still waiting out a full disk

@@ -35,6 +35,7 @@ class AttemptFacts:
     stopped_reason: str | None = None
     stopped_by: str | None = None
     stall_reason: str | None = None
+    requeue_reason: str | None = None  # stopped to requeue away from a node (slow_node.action: requeue)
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ def effective_class(failure: Failure, facts: AttemptFacts) -> tuple[FailureClass
         if cls is FailureClass.COMPLETED and facts.client_done:
             return cls, failure.reason
         return facts.notice_class, facts.notice_reason or f"stop notice ({facts.notice_class.value})"
+    if facts.requeue_reason is not None:
+        return FailureClass.HARDWARE_FAULT, facts.requeue_reason
     if facts.stopped_reason is not None and cls is FailureClass.COMPLETED:
         return FailureClass.UNKNOWN, facts.stopped_reason
     return cls, failure.reason
@@ -92,6 +95,8 @@ def judge_attempt(failure: Failure, facts: AttemptFacts, history: Sequence[Any],
     if facts.stopped_reason is not None:
         return AttemptVerdict(cls, failure, RunOutcome.STOPPED, ExitCode.STOPPED, facts.stopped_reason,
                               stopped_by=facts.stopped_by)
+    if facts.requeue_reason is not None:
+        return AttemptVerdict(cls, failure, RunOutcome.REQUEUE, ExitCode.REQUEUE, facts.requeue_reason)
     if cls is FailureClass.CANCELLED:
         who = "interrupted by a person" if facts.cancelled else f"cancelled by a person: {reason}"
         return AttemptVerdict(cls, failure, RunOutcome.INTERRUPTED, EXIT_CANCELLED, who, stopped_by="person")

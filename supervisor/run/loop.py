@@ -26,6 +26,7 @@ from ..errors import ExitCode, UsageError
 from ..events import Ev, EventLog
 from ..failures import classify
 from ..budget import ledger_from_events
+from ..health import after_loss_anomaly
 from ..lock import RunLock
 from ..preemption import decide_requeue
 from ..signals import SignalInbox, signal_number
@@ -38,6 +39,7 @@ from .context import RunContext
 from .judge import AttemptFacts, AttemptVerdict, judge_attempt
 from .layout import child_plan, layout_for
 from .monitor import monitor
+from .node_health import note_failure, with_ledger_exclusions
 from .seams import BackgroundSlurm, ChildHandle, ChildStarter, Clock, InboxWaker, SlurmView, SupervisorClock, Waker
 from .seams import start_process
 from .start import check_durable_history, gpu_preflight, start_state
@@ -86,6 +88,7 @@ class Runner:
                               echo=echo, host=socket.gethostname())
         self.cwd = cwd
         self._child: ChildHandle | None = None
+        self._loss_kinds: list[str] = []  # loss anomalies since this node's GPUs were last checked
         self._manifest_threads: list[threading.Thread] = []
 
     @property
@@ -145,6 +148,9 @@ class Runner:
         if child is not None and child.poll() is None:
             child.signal_group(signal.SIGKILL)
         self._finish_manifests()
+        end = time.monotonic() + (1.0 if ctx.noticed else 5.0)  # node ledger records still being written
+        for thread in ctx.ledger_writes:
+            thread.join(max(end - time.monotonic(), 0.0))
         if self._inbox is not None:
             self._inbox.uninstall()
         if ctx.channel is not None and self._own_channel:
@@ -177,13 +183,22 @@ class Runner:
             missing = check_durable_history(ctx, state)
             if missing is not None:
                 return self._end(RunOutcome.STOPPED, ExitCode.STOPPED, missing, state, stopped_by="resume_audit")
-            if "gpu" in ctx.cfg.preflight:
+            check = "gpu" in ctx.cfg.preflight
+            if not check and self._loss_kinds:
+                wanted = after_loss_anomaly(ctx.cfg.gpu_check, self._loss_kinds)
+                if wanted.run:
+                    ctx.emit(Ev.WARNING, attempt=state.attempt, reason=wanted.reason)
+                    log.warning("%s", wanted.reason)
+                check = wanted.run
+            if check:
+                self._loss_kinds.clear()
                 failed = gpu_preflight(ctx, state)
                 if failed is not None:
                     return self._requeue(state, FailureClass.HARDWARE_FAULT, failed)
             child = self._launch(state)
             exit_ = monitor(ctx, child, state)
             child.finish()
+            self._loss_kinds += state.loss_anomalies
             result = self._after_attempt(child, exit_, state)
             if result is not None:
                 return result
@@ -259,7 +274,7 @@ class Runner:
         facts = AttemptFacts(hang=state.hang, cancelled=state.cancelled, notice_class=notice_cls,
                              notice_reason=notice_reason, client_done=state.client_done,
                              stopped_reason=state.stopped_reason, stopped_by=state.stopped_by,
-                             stall_reason=state.stall_reason)
+                             stall_reason=state.stall_reason, requeue_reason=state.requeue_reason)
         # attempt_end first, so the ledger the decision reads includes this attempt.
         from .judge import effective_class
 
@@ -293,6 +308,7 @@ class Runner:
                  **{"class": verdict.cls.value, "classified_as": failure.cls.value})
         log.warning("attempt %d ended: %s (%s)", state.attempt, verdict.cls.value,
                     "; ".join(failure.evidence[:1]) or f"status {exit_.status}")
+        note_failure(ctx, state, failure, verdict.cls, eff.reason)
 
     def _carry_out(self, state: AttemptState, verdict: AttemptVerdict) -> RunResult | None:
         ctx = self.ctx
@@ -335,8 +351,12 @@ class Runner:
         version = ctx.slurm.version() if job_id else None
         policy = ctx.cfg.policy_for(cls)
         exclude: tuple[str, ...] = ()
-        if policy.exclude_node:
+        if state.exclude:  # the supervisor named the node (a failed GPU check, a slow node)
+            exclude = tuple(sorted(state.exclude))
+        elif policy.exclude_node:
             exclude = tuple(sorted(state.nodes)) or ((ctx.slurm_env.nodename,) if ctx.slurm_env.nodename else ())
+        if job_id:
+            exclude = with_ledger_exclusions(ctx, state, exclude)
         verdict = state.stop_verdict
         already = verdict is not None and verdict.cause is StopCause.REQUEUED
         decision = decide_requeue(child_outcome=cls, in_slurm=bool(job_id),

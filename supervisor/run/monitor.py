@@ -18,8 +18,11 @@ from ..client import STACK_DUMP_SIGNAL
 from ..control import MAX_STEP, valid_step
 from ..errors import RunLockedError
 from ..events import Ev
+from ..nodes import record_loss_anomaly, record_slow_node
 from ..preemption import InFlightSave
 from ..progress import LossTracker, ProgressTracker, StepExtractor
+from ..slownode import SlowNodeTracker
+from ..stall import StallTimeout
 from . import notice as notices
 from .attempt import AttemptState
 from .context import RunContext
@@ -48,13 +51,18 @@ class Watch:
     next_refresh: float = 0.0
     next_lock_check: float = 0.0
     flood_warned: bool = False
+    slow_nodes: SlowNodeTracker | None = None  # None when slow_node.action is off
 
 
 def new_watch(ctx: RunContext, state: AttemptState) -> Watch:
     now = ctx.clock.now()
+    if ctx.stall is None:  # one for the run: what it learned carries over a restart
+        ctx.stall = StallTimeout(ctx.cfg.stall, ctx.cfg.stall_timeout)
+    ctx.stall.start_attempt()
+    slow_nodes = SlowNodeTracker(ctx.cfg.slow_node) if ctx.cfg.slow_node.action != "off" else None
     return Watch(StepExtractor(ctx.cfg.step_regex), ProgressTracker(started_at=state.started_at),
                  LossTracker(spike_factor=ctx.cfg.loss_spike_factor), DirWatcher(ctx.layout.ckpt_dir),
-                 next_poll=now + ctx.cfg.preemption.poll_interval)
+                 next_poll=now + ctx.cfg.preemption.poll_interval, slow_nodes=slow_nodes)
 
 
 def monitor(ctx: RunContext, child: Any, state: AttemptState) -> ChildExit:
@@ -122,7 +130,8 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
         if match is None or not (0 <= match.value < MAX_STEP):
             continue
         if match.progress_only:
-            w.progress.observe_counter(match.value, now)  # activity, not the global step
+            if w.progress.observe_counter(match.value, now):  # activity, not the global step
+                ctx.stall.progress(now)
         else:
             observe_step(ctx, child, state, w, match.value, now, "regex")
     return len(lines)
@@ -131,7 +140,8 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
 def observe_step(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step: int, now: float,
                  source: str) -> None:
     first = state.observe_step(step, now, source)
-    w.progress.observe(step, now)
+    if w.progress.observe(step, now):
+        ctx.stall.progress(now)
     if first and not state.resume_checked:
         audit_resume(ctx, child, state, step if state.reported_resume_step is None else state.reported_resume_step)
     if now - state.last_progress_event_at >= ctx.cfg.progress_event_interval:
@@ -171,13 +181,19 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
         if msg.host and len(state.nodes) < MAX_PEERS:
             state.nodes.add(str(msg.host))
         if kind == "heartbeat" and valid_step(f.get("step")):
+            if w.slow_nodes is not None:
+                metrics = f.get("metrics") if isinstance(f.get("metrics"), dict) else {}
+                own = metrics.get("step_time")  # a rank's own compute time, when it reports one
+                w.slow_nodes.observe(msg.rank, msg.host, f["step"], getattr(msg, "received_at", now),
+                                     step_time=own if isinstance(own, (int, float)) and not isinstance(own, bool)
+                                     else None)
             if msg.rank not in (None, 0):
                 w.progress.touch(now)  # other ranks prove liveness; rank 0 owns the step
                 continue
             observe_step(ctx, child, state, w, f["step"], now, "client")
             loss = (f.get("metrics") or {}).get("loss") if isinstance(f.get("metrics"), dict) else None
             if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-                check_loss(ctx, child, state, w, f["step"], float(loss))
+                check_loss(ctx, child, state, w, f["step"], float(loss), msg.host)
         elif kind == "resumed" and valid_step(f.get("step")):
             state.reported_resume_step = f["step"]
             if not state.resume_checked:
@@ -192,6 +208,8 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
             step = f.get("step") if valid_step(f.get("step")) else None
             record_save(ctx, state, step, str(f.get("path")), f.get("bytes"), f.get("duration"),
                         bool(f.get("ok", True)), "client", now)
+            if f.get("ok", True):
+                ctx.stall.saved()
             notices.step(ctx, child, state, SaveLanded(), now)
         elif kind == "done":
             state.client_done = True
@@ -200,12 +218,17 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
             ctx.emit(Ev.DETERMINISM, attempt=state.attempt, settings=state.determinism)
 
 
-def check_loss(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step: int, loss: float) -> None:
+def check_loss(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step: int, loss: float,
+               host: str | None = None) -> None:
     verdict = w.losses.observe(step, loss)
     if verdict is None:
         return
     ctx.emit(Ev.LOSS_ANOMALY, attempt=state.attempt, step=step, loss=loss, median=verdict.median, kind=verdict.kind,
              reason=verdict.reason)
+    state.loss_anomalies.append(verdict.kind)
+    ctx.note_node(record_loss_anomaly(host or ctx.slurm_env.nodename or ctx.host, verdict.kind, verdict.reason,
+                                      ts=ctx.clock.now(), run_dir=str(ctx.layout.paths.run_dir),
+                                      job_id=ctx.slurm_env.job_id, attempt=state.attempt))
     log.warning("loss anomaly at step %d: %s", step, verdict.reason)
     if ctx.cfg.loss_policy == "stop" and state.stopped_reason is None:
         state.stopped_reason = f"loss anomaly: {verdict.reason}"
@@ -233,10 +256,10 @@ def check_lock(ctx: RunContext, child: Any, state: AttemptState, now: float) -> 
         notices.step(ctx, child, state, ForceKill("another supervisor holds the run directory"), now)
 
 
-def _flooded(ctx: RunContext, now: float) -> bool:
+def _flooded(ctx: RunContext, now: float, window: float) -> bool:
     probe = getattr(ctx.channel, "flooded", None)
     try:
-        return bool(probe(now, window=max(ctx.cfg.stall_timeout, 10.0))) if callable(probe) else False
+        return bool(probe(now, window=max(window, 10.0))) if callable(probe) else False
     except Exception:
         return False
 
@@ -247,8 +270,9 @@ def check_health(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now
     if state.in_flight is not None:  # a long save is not a stall
         w.progress.touch(now)
         return
-    stall = w.progress.is_stalled(now, ctx.cfg.stall_timeout)
-    if stall is not None and _flooded(ctx, now):
+    limit = ctx.stall.limit(never_progressed=w.progress.last_progress_at is None)
+    stall = w.progress.is_stalled(now, limit.tracker_timeout)
+    if stall is not None and _flooded(ctx, now, limit.seconds):
         if not w.flood_warned:
             w.flood_warned = True
             ctx.emit(Ev.WARNING, attempt=state.attempt, reason="channel flooded: no hang verdict while forged or "
@@ -257,10 +281,10 @@ def check_health(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now
         return
     if stall is not None:
         state.hang = True
-        state.stall_reason = stall.reason
+        state.stall_reason = f"{stall.reason}; {limit.reason}"
         dump = child.dump_stacks(ctx.layout.paths.stack_dump(state.attempt), STACK_DUMP_SIGNAL)
         ctx.emit(Ev.STALL, attempt=state.attempt, last_step=state.last_step, idle_s=stall.idle_s,
-                 reason=stall.reason, dump=dump)
+                 reason=state.stall_reason, dump=dump, limit=limit.seconds, limit_phase=limit.phase)
         log.error("stall: %s; %s", stall.reason, dump)
         notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "stalled", min(ctx.cfg.term_timeout, 10.0)),
                      ctx.clock.now())
@@ -274,6 +298,25 @@ def check_health(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now
         log.warning("slowdown: %s", slow.reason)
     elif slow is None and state.slowdown_active:
         state.slowdown_active = False
+    check_slow_node(ctx, child, state, w, now)
+
+
+def check_slow_node(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
+    """A node whose ranks step slower than the other nodes': named in the event log and the node
+    ledger; with slow_node.action requeue, the attempt stops and the job is requeued without it."""
+    found = w.slow_nodes.verdict(now) if w.slow_nodes is not None else None
+    if found is None:
+        return
+    action = ctx.cfg.slow_node.action
+    ctx.emit(Ev.SLOW_NODE, attempt=state.attempt, action=action, **found.to_event())
+    log.warning("slow node: %s", found.reason)
+    ctx.note_node(record_slow_node(found.node, found.reason, ts=ctx.clock.now(), run_dir=str(ctx.layout.paths.run_dir),
+                                   job_id=ctx.slurm_env.job_id, attempt=state.attempt))
+    if action == "requeue" and state.stopped_reason is None:
+        state.exclude.add(found.node)
+        state.requeue_reason = f"slow node: {found.reason}"
+        notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "slow node", ctx.cfg.term_timeout),
+                     ctx.clock.now())
 
 
 __all__ = ["ForceKill", "TICK", "monitor", "tick"]

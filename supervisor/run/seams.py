@@ -84,6 +84,8 @@ class SlurmView(Protocol):
 
     def version(self) -> tuple[int, ...] | None: ...
 
+    def node_known(self, node: str) -> bool: ...
+
     def requeue(self, expected_restarts: int | None, exclude: Sequence[str]) -> Any: ...
 
 
@@ -242,6 +244,23 @@ class BackgroundSlurm:
             except Exception:
                 return None
         return self._version
+
+    def node_known(self, node: str, timeout: float = 5.0) -> bool:
+        """Slurm knows this node (the ledger is shared by runs on every cluster of the user: an
+        unknown node in --exclude makes Slurm refuse the job). Unknown or no answer: False."""
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                probe = getattr(self._get_backend(), "node_state", None)
+                box["state"] = probe(node) if callable(probe) else None
+            except Exception:
+                box["state"] = None
+
+        thread = threading.Thread(target=work, daemon=True, name="slurm-node")
+        thread.start()
+        thread.join(timeout)
+        return box.get("state") is not None
 
     def requeue(self, expected_restarts: int | None, exclude: Sequence[str], timeout: float = 20.0) -> Any:
         """Ask for the requeue, waiting at most ``timeout`` seconds: after a notice the allocation

@@ -114,17 +114,26 @@ def gpu_preflight(ctx: RunContext, state: AttemptState) -> str | None:
     """Bit-for-bit repeatability of conv2d/matmul on this node's GPUs, in a subprocess that imports
     torch with the child's interpreter. A failing GPU is a hardware fault: returns the reason to
     requeue away from this node. 'Cannot check' only warns."""
-    from ..health import run_check
+
+    from ..health import probe_args_for, run_check
     from ..manifest import find_child_python
+    from ..nodes import record_gpu_check
 
     python, _how = find_child_python(ctx.argv)
-    verdict = run_check(python=python, environ=dict(ctx.environ))
+    checks = ctx.cfg.gpu_check
+    verdict = run_check(checks.timeout, python=python, environ=dict(ctx.environ),
+                        probe_args=probe_args_for(checks.repeats), fault_rate=checks.fault_rate)
     ctx.emit(Ev.PREFLIGHT, attempt=state.attempt, check="gpu", **verdict.to_dict())
+    node = ctx.slurm_env.nodename or ctx.host
+    if verdict.checkable:
+        ctx.note_node(record_gpu_check(node, verdict.ok, verdict.reason, ts=ctx.clock.now(),
+                                       run_dir=str(ctx.layout.paths.run_dir), job_id=ctx.slurm_env.job_id,
+                                       attempt=state.attempt))
     if verdict.ok or not verdict.checkable:
         if not verdict.ok:
             log.warning("GPU preflight could not judge this node: %s", verdict.reason)
         return None
-    node = ctx.slurm_env.nodename or ctx.host
     log.error("GPU preflight failed on %s: %s", node, verdict.reason)
     state.nodes.add(node)
+    state.exclude.add(node)
     return f"GPU preflight failed: {verdict.reason}"
