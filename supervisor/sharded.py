@@ -370,6 +370,7 @@ class CommitCheck:
     bytes: int = 0
     crc_checked: bool = False
     writer: str | None = None
+    attempt: int | None = None  # the attempt that committed it
 
     @property
     def committed(self) -> bool:
@@ -393,10 +394,11 @@ def verify_commit(directory: str | os.PathLike[str], *, deep: bool = False) -> C
         return CommitCheck(CommitState.UNCOMMITTED, f"no {MARKER}")
     step, world = _plain_int(marker.get("step")), _plain_int(marker.get("world_size"))
     writer = marker.get("writer") if isinstance(marker.get("writer"), str) else None
+    attempt = _plain_int(marker.get("attempt"))
     listed: dict[str, Any] = marker["files"]
 
     def torn(reason: str) -> CommitCheck:
-        return CommitCheck(CommitState.TORN, reason, step, world, len(listed), writer=writer)
+        return CommitCheck(CommitState.TORN, reason, step, world, len(listed), writer=writer, attempt=attempt)
 
     if len(listed) > MAX_MANIFEST_FILES:
         return torn(f"{MARKER} lists {len(listed):,} files (over {MAX_MANIFEST_FILES:,})")
@@ -440,10 +442,10 @@ def verify_commit(directory: str | os.PathLike[str], *, deep: bool = False) -> C
     summary = f"{len(listed)} files, {total:,} bytes match the commit"
     if newer:
         return CommitCheck(CommitState.CHANGED, f"{summary}, but {newer[0]} was modified after the commit",
-                           step, world, len(listed), total, crc_checked, writer)
+                           step, world, len(listed), total, crc_checked, writer, attempt)
     crc_note = "; CRC32 match" if crc_checked else ""
     return CommitCheck(CommitState.COMMITTED, summary + crc_note, step, world, len(listed), total, crc_checked,
-                       writer)
+                       writer, attempt)
 
 
 # ------------------------------------------------------------------------------------ the save
@@ -751,7 +753,10 @@ def plan_staging_cleanup(dirs: Sequence[OurDir], finals: Mapping[str, FinalFacts
     writer is dead: the run loop calls this between attempts), or when nothing in it changed for
     ``min_idle_s`` (a writer we cannot know about: another layout, no supervisor). Abandoned and
     uncommitted: removed. Abandoned and committed: the newest one is rolled forward when the
-    final name is absent, uncommitted or holds an older step; else it is superseded and removed.
+    final name is absent, or holds a committed checkpoint of an older step written by the same or
+    an earlier attempt (a later attempt's checkpoint is never replaced by an earlier attempt's);
+    else it is superseded and removed. A final name that exists but is not one of our committed
+    checkpoints is left to the resume scan, and so is the staging dir.
     An aside dir is removed once the final name holds a committed checkpoint, restored when the
     final name is absent and nothing is rolled forward, and kept otherwise."""
     steps: list[StagingStep] = []
@@ -778,9 +783,12 @@ def plan_staging_cleanup(dirs: Sequence[OurDir], finals: Mapping[str, FinalFacts
         committed.sort(key=lambda d: (d.check.step if d.check.step is not None else -1, -d.idle_s), reverse=True)
         rolled: OurDir | None = None
         final_step = final.check.step if final.check is not None and final.check.committed else None
+        final_attempt = final.check.attempt if final.check is not None else None
         final_whole = final.check is not None and final.check.committed
         for d in committed:
-            newer = d.check.step is not None and final_step is not None and d.check.step > final_step
+            same_history = final_attempt is None or d.attempt is None or d.attempt >= final_attempt
+            newer = (d.check.step is not None and final_step is not None and d.check.step > final_step
+                     and same_history)
             if rolled is None and final.exists and not final_whole:
                 steps.append(StagingStep(d.path, StagingAction.KEEP, f"committed at step {d.check.step}; "
                                          f"{final_name} exists but is not a committed checkpoint of ours: "

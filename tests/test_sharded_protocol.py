@@ -425,3 +425,16 @@ def test_discard_never_leaves_half_a_checkpoint_that_looks_whole(tmp_path: Path)
     committed_dir(ckpt, "step-2", 2)
     sharded.discard(old)
     assert sorted(p.name for p in ckpt.iterdir()) == ["step-2"]
+
+
+def test_an_earlier_attempt_s_commit_never_replaces_a_later_attempt_s_checkpoint(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attempt 1 committed step 30 but died before its rename; attempt 2 resumed from step 20 (no
+    cleanup ran) and saved step 25. The step-30 commit belongs to an abandoned history: removed."""
+    ckpt = tmp_path / "ckpt"
+    crash_save(ckpt, "last", 30, "before_aside", attempt=1)
+    monkeypatch.setenv("SUPERVISOR_ATTEMPT", "2")
+    committed_dir(ckpt, "last", 25)
+    done = sharded.remove_stale_staging(ckpt, time.time(), attempt=3)
+    assert [d.action for d in done] == ["remove_superseded"]
+    assert sharded.read_marker(ckpt / "last")["step"] == 25
