@@ -18,14 +18,14 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # so tests can `import slurm_cluster`
 
-import slurm_cluster as cluster_lib  # noqa: E402
+import slurm_cluster as cluster_lib
 
 # Every supervisor a test starts (and every job it submits: sbatch passes the environment on) writes
 # node health to a ledger of this test session, never to the user's own (~/.cache): a test's

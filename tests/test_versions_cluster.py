@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import REPO, events_named
 
 pytest.importorskip("torch")  # the children save real torch checkpoints
@@ -249,14 +248,19 @@ def test_many_graceful_preemptions_of_one_job_never_leave_it_held(slurm_cluster,
     with slurm_cluster.grace(10):
         job = submit(slurm_cluster, slurm_job_dir,
                      job_script(run_dir, slow_saver(30 * (preemptions + 1), save_every=10, save_seconds=0.1)))
-        for n in range(preemptions):
-            wait_until(lambda: attempts_started(run_dir) >= n + 1 and saved(run_dir, n + 1, 10 + 30 * n), 120,
-                       f"run {n + 1} to start and save", slurm_cluster, job)
+        for n in range(1, preemptions + 1):
+            def started_and_saved(n: int = n) -> bool:
+                return attempts_started(run_dir) >= n and saved(run_dir, n, 10 + 30 * (n - 1))
+
+            def requeued(n: int = n) -> bool:
+                info = slurm_cluster.job(job)
+                return info is not None and info.restarts >= n
+
+            wait_until(started_and_saved, 120, f"run {n} to start and save", slurm_cluster, job)
             slurm_cluster.preempt("n1")
-            wait_until(lambda: (slurm_cluster.job(job) is not None and slurm_cluster.job(job).restarts >= n + 1), 90,
-                       f"requeue {n + 1}", slurm_cluster, job)
+            wait_until(requeued, 90, f"requeue {n}", slurm_cluster, job)
             info = slurm_cluster.job(job)
-            assert not info.is_held, (f"after {n + 1} preemptions Slurm holds the job: JobState={info.state} "
+            assert not info.is_held, (f"after {n} preemptions Slurm holds the job: JobState={info.state} "
                                       f"Reason={info.reason} BatchFlag={info.batch_flag} Restarts={info.restarts}"
                                       + evidence(run_dir, info))
         final = settled(slurm_cluster, job, run_dir)

@@ -16,14 +16,21 @@ Backends raise :class:`supervisor.errors.SlurmError` (``argv``, ``returncode``, 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Mapping
 from types import ModuleType
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..errors import SlurmError
 from .backend import RequeueResult, SlurmBackend
 from .cli_backend import SlurmCli
 from .env import SlurmEnv
-from .parse import JobInfo, expand_hostlist, parse_sbatch_job_id, parse_scontrol_job, parse_version
+from .parse import (
+    JobInfo,
+    expand_hostlist,
+    parse_sbatch_job_id,
+    parse_scontrol_job,
+    parse_version,
+)
 from .pyslurm_backend import PyslurmBackend, load_pyslurm
 from .requeue_policy import RequeueNeed, needs_explicit_requeue, requeue_need
 from .stop_cause import StopCause, StopVerdict, stop_cause

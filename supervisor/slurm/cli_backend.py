@@ -13,14 +13,22 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from ..errors import SlurmError
 from .backend import RequeueResult
-from .parse import JobInfo, SlurmParseError, parse_fields, parse_json_state, parse_sbatch_job_id, parse_scontrol_job, parse_version
+from .parse import (
+    JobInfo,
+    SlurmParseError,
+    parse_fields,
+    parse_json_state,
+    parse_sbatch_job_id,
+    parse_scontrol_job,
+    parse_version,
+)
 from .requeue_policy import ALREADY_PENDING_MESSAGE, check_requeue
 from .version import SlurmVersion
 
@@ -122,6 +130,7 @@ class SlurmCli:
                 errors="replace",  # a job name in another encoding must not crash the supervisor
                 timeout=timeout,
                 shell=False,
+                check=False,
             )
         except subprocess.TimeoutExpired as exc:
             stderr = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")

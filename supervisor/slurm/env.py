@@ -8,8 +8,8 @@ SLURM_PROCID and SLURMD_NODENAME; SLURM_RESTART_COUNT appears only once the job 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .parse import expand_hostlist
 
@@ -36,7 +36,7 @@ class SlurmEnv:
     array_task_id: str | None = None
 
     @classmethod
-    def from_environ(cls, environ: Mapping[str, str]) -> "SlurmEnv":
+    def from_environ(cls, environ: Mapping[str, str]) -> SlurmEnv:
         job_id = _get(environ, "SLURM_JOB_ID", "SLURM_JOBID")
         return cls(
             job_id=job_id,

@@ -11,8 +11,9 @@ command-line options), via :class:`~supervisor.slurm.cli_backend.SlurmCli`.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..errors import SlurmError
 from .backend import RequeueResult
@@ -28,7 +29,7 @@ def load_pyslurm(importer: Callable[[str], ModuleType] = importlib.import_module
     """pyslurm if it imports against this host's libslurm and has the modern Job API, else None."""
     try:
         module = importer("pyslurm")
-    except Exception:  # ImportError, or a libslurm symbol/version mismatch raised at import
+    except Exception:  # noqa: BLE001 (ImportError, or a libslurm symbol/version mismatch raised at import)
         return None
     if not all(hasattr(module, name) for name in ("Job", "JobSubmitDescription", "RPCError")):
         return None  # a pre-22.5.2 pyslurm without the Job class

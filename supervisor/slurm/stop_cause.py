@@ -29,9 +29,10 @@ Evidence, strongest first:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any
 
 from .parse import JobInfo
 from .version import SlurmVersion
@@ -219,4 +220,4 @@ def _norm(name: str | None) -> str | None:
     if not name:
         return None
     text = str(name).strip().upper()
-    return text[3:] if text.startswith("SIG") else text
+    return text.removeprefix("SIG")

@@ -31,7 +31,7 @@ class SlurmVersion(NamedTuple):
     patch: int = 0
 
     @classmethod
-    def parse(cls, text: str) -> "SlurmVersion":
+    def parse(cls, text: str) -> SlurmVersion:
         """``slurm 22.05.8`` / ``slurm-wlm 24.11.5`` / ``slurm 24.05.0-0rc1`` / ``24.11``."""
         match = _VERSION_RE.search(text or "")
         if not match:
@@ -39,7 +39,7 @@ class SlurmVersion(NamedTuple):
         return cls(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
 
     @classmethod
-    def of(cls, value: "SlurmVersion | tuple[int, ...] | str | None") -> "SlurmVersion | None":
+    def of(cls, value: SlurmVersion | tuple[int, ...] | str | None) -> SlurmVersion | None:
         """Whatever a caller holds (a tuple, a list from JSON, text, None) as a SlurmVersion."""
         if value is None:
             return None

@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1]))  # tests/, for slurm_cluster
 
-import slurm_cluster  # noqa: E402
+import slurm_cluster
 
 
 def main() -> int:
