@@ -17,6 +17,7 @@ from ..budget import audit_durable_history
 from ..checkpoints import find_resume_point, quarantine_tag
 from ..checkpoints.naming import parse_name
 from ..events import Ev
+from ..sharded import remove_stale_staging
 from .attempt import AttemptState
 from .context import RunContext
 from .saves import remove_stale_temp_files
@@ -28,6 +29,11 @@ def start_state(ctx: RunContext, attempt_no: int) -> AttemptState:
     """Choose the resume point (quarantining torn checkpoints) and open the attempt's state."""
     now = ctx.clock.now()
     remove_stale_temp_files(ctx, attempt_no, now)
+    if ctx.cfg.quarantine:  # like quarantine: on one node only when there is a supervisor per node
+        settled = remove_stale_staging(ctx.layout.ckpt_dir, now, attempt=attempt_no)
+        if settled:
+            ctx.emit(Ev.WARNING, attempt=attempt_no, reason="sharded saves cut short: staging directories settled",
+                     staging=[d.to_event() for d in settled])
     kwargs: dict[str, Any] = dict(quarantine=ctx.cfg.quarantine, quarantine_tag=quarantine_tag(ctx.environ),
                                   deep_confirm=ctx.cfg.verify_resume_deep)
     result = find_resume_point(ctx.layout.ckpt_dir, writers_alive=False,
