@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from .control import (
     KEY_ENV,
@@ -313,10 +313,11 @@ class _Client:
             self.dropped_sends += 1
             return
         if len(data) > MAX_DATAGRAM:
-            data = self._shrink(kind, fields)
-            if data is None:
+            slim = self._shrink(kind, fields)
+            if slim is None:
                 self.dropped_sends += 1
                 return
+            data = slim
         try:
             sock.send(data)
         except (BlockingIOError, InterruptedError):
@@ -484,7 +485,8 @@ class _Client:
             return  # left over from an earlier attempt
         deadline = record.get("deadline")
         deadline = deadline if isinstance(deadline, (int, float)) and not isinstance(deadline, bool) else None
-        reason = record.get("reason") if isinstance(record.get("reason"), str) else "stop file"
+        reason = record.get("reason")
+        reason = reason if isinstance(reason, str) else "stop file"
         self._note_stop(reason, deadline)
 
     # signals ---------------------------------------------------------------------------------
@@ -511,6 +513,7 @@ class _Client:
             return False
         if isinstance(signals, (str, int)):
             signals = [signals]
+        names: list[str | int]
         if signals is None:
             names = [s for s in self.notice_signals.replace(",", " ").split() if s] or ["TERM"]
         else:
@@ -570,7 +573,7 @@ class _Saving:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool:
+                 tb: TracebackType | None) -> Literal[False]:
         c = self._client
         duration = _monotonic() - self._started
         ok = exc_type is None

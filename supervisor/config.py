@@ -420,7 +420,7 @@ def _build_dataclass(cls: type, data: Mapping[str, Any], prefix: str, source: st
         hint = hints[name]
         key = f"{prefix}{name}"
         value = data[name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             kwargs[name] = _build_dataclass(hint, {} if value is None else value, key + ".", source)
         elif name == "policy":
             kwargs[name] = _build_policy(value, key, source)

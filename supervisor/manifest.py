@@ -352,10 +352,10 @@ def collect_manifest(
         "software": pool.submit(probe_python, child_python, how, environ, cwd, probe_timeout),
         "gpu": pool.submit(probe_gpus, probe_timeout, search_path),
     }
-    empty = {"git": {"dir": str(code_dir), "toplevel": None, "commit": None, "dirty": None},
-             "software": {k: None for k in ("python", "python_executable", "torch", "cuda", "hip",
-                                            "cudnn", "nccl")},
-             "gpu": {"gpus": None, "driver": None}}
+    empty: dict[str, dict[str, Any]] = {
+        "git": {"dir": str(code_dir), "toplevel": None, "commit": None, "dirty": None},
+        "software": {k: None for k in ("python", "python_executable", "torch", "cuda", "hip", "cudnn", "nccl")},
+        "gpu": {"gpus": None, "driver": None}}
     # Cheap parts while the probes run.
     manifest: dict[str, Any] = {
         "manifest_version": MANIFEST_VERSION,

@@ -12,7 +12,7 @@ import os
 import re
 import struct
 import zlib
-from typing import Any
+from typing import Any, Literal
 
 from ..states import Verdict
 from . import formats as F
@@ -233,8 +233,8 @@ def _storage_problem(index: ZipIndex, scan: PickleScan) -> str | None:
 def top_level_facts(root: Any) -> dict[str, Any]:
     """Plain scalars of the top-level mapping, plus the few nested ones validators need."""
     mapping = as_mapping(root) or {}
-    facts = {k: v for k, v in mapping.items() if isinstance(k, str) and len(k) <= _MAX_FACT_TEXT
-             and isinstance(v, _FACT_TYPES) and not (isinstance(v, str) and len(v) > _MAX_FACT_TEXT)}
+    facts: dict[str, Any] = {k: v for k, v in mapping.items() if isinstance(k, str) and len(k) <= _MAX_FACT_TEXT
+                             and isinstance(v, _FACT_TYPES) and not (isinstance(v, str) and len(v) > _MAX_FACT_TEXT)}
     ds_config = as_mapping(mapping.get("ds_config"))
     zero = as_mapping(ds_config.get("zero_optimization")) if ds_config else None
     if zero and type(zero.get("stage")) is int:
@@ -277,19 +277,20 @@ def check_torch_legacy(fd: int, size: int, *, max_level: int = 3,
     if max_level < 3:
         return valid(fmt, 2, "legacy pickles intact", embedded_step=step, epoch=epoch, facts=facts)
     info = as_mapping(sys_info) or {}
-    order = "little" if info.get("little_endian", True) else "big"
-    itemsize = {}
+    order: Literal["little", "big"] = "little" if info.get("little_endian", True) else "big"
+    itemsize: dict[str, int | None] = {}
     for ref in scans[3].storages:
         itemsize.setdefault(ref.key, ref.itemsize)
     pos = sum(s.end for s in scans)
     for key in keys:
-        if itemsize.get(key) is None:
+        key_itemsize = itemsize.get(key)
+        if key_itemsize is None:
             return unverifiable(fmt, 3, f"storage {key[:40]!r} has an unknown element type", embedded_step=step)
         raw = pread_exact(fd, 8, pos)
         if len(raw) < 8:
             return corrupt(fmt, 3, f"truncated: storage {key[:40]} starts past the end of the file")
         numel = int.from_bytes(raw, order, signed=True)
-        pos += 8 + numel * itemsize[key]
+        pos += 8 + numel * key_itemsize
         if numel < 0 or pos > size:
             return corrupt(fmt, 3, f"truncated: storage {key[:40]} needs {pos - size} more bytes")
     if pos != size:

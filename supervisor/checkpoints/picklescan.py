@@ -22,7 +22,7 @@ import codecs
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .allowlist import resolve
 from .limits import (
@@ -218,13 +218,13 @@ def scan_pickle(source: bytes | bytearray | memoryview, start: int = 0, *,
             elif code == 0x7D:  # EMPTY_DICT
                 stack.append({})
             elif code == 0x75:  # SETITEMS
-                items = stack
+                pairs = stack
                 stack = metastack.pop()
-                if len(items) % 2:
+                if len(pairs) % 2:
                     raise PickleScanError(f"SETITEMS with an odd number of items at byte {op_at}")
                 target = stack[-1]
-                for i in range(0, len(items), 2):
-                    _setitem(target, items[i], items[i + 1])
+                for i in range(0, len(pairs), 2):
+                    _setitem(target, pairs[i], pairs[i + 1])
             elif code == 0x51:  # BINPERSID
                 stack[-1] = _persistent(stack[-1], storages)
             elif code == 0x89:  # NEWFALSE
@@ -547,7 +547,8 @@ def _numpy_int(args: Any) -> int | None:
         if len(data) > 16:
             return None
         state = dtype.state
-        order = "big" if isinstance(state, tuple) and len(state) > 1 and state[1] == ">" else "little"
+        big = isinstance(state, tuple) and len(state) > 1 and state[1] == ">"
+        order: Literal["little", "big"] = "big" if big else "little"
         return int.from_bytes(data, order, signed=code[0] == "i")
     except (TypeError, ValueError, AttributeError, IndexError, UnicodeEncodeError):
         return None
@@ -635,7 +636,7 @@ def find_item(root: Any, keys: tuple[str, ...], accept: Any, depth: int = 1) -> 
     """(key, value) of :func:`find_value`."""
     level = [root]
     for _ in range(depth + 1):
-        next_level = []
+        next_level: list[Any] = []
         for mapping in filter(None, map(as_mapping, level)):
             for key in keys:
                 value = mapping.get(key)

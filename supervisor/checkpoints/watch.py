@@ -96,17 +96,17 @@ class DirWatcher:
         if not first_poll:
             for name, snap in snaps.items():
                 before = prev.get(name)
-                active = self._active.get(name)
+                tracked = self._active.get(name)
                 if name in finals_with_temp or any(c.path.endswith(os.sep + name) for c in completed):
                     continue
                 if snap != before:
-                    if active is None:
+                    if tracked is None:
                         self._active[name] = _Active(now, snap.size)
                     else:
-                        active.bytes = snap.size
-                elif active is not None and not active.via_temp:
+                        tracked.bytes = snap.size
+                elif tracked is not None and not tracked.via_temp:
                     if snap.committed:
-                        completed.append(self._complete(name, snap, active, now))
+                        completed.append(self._complete(name, snap, tracked, now))
                     else:
                         del self._active[name]  # stopped changing without its commit marker: torn
         for name in [n for n, a in self._active.items() if n not in snaps and n not in finals_with_temp]:
@@ -162,7 +162,8 @@ class DirWatcher:
     def _dirs_to_walk(self, dirs: list[os.DirEntry]) -> list[os.DirEntry]:
         known = self._prev or {}
         named = [(parse_name(d.name), d) for d in dirs]
-        stepped = sorted((x for x in named if x[0].step is not None), key=lambda x: x[0].step, reverse=True)
+        stepped = sorted(((info.step, d) for info, d in named if info.step is not None), key=lambda x: x[0],
+                         reverse=True)
         keep = {d.name for _, d in stepped[:TRACKED_DIRS]}
         keep |= {d.name for info, d in named if info.is_last or d.name not in known or d.name in self._active}
         return [d for d in dirs if d.name in keep and (parse_name(d.name).step is not None

@@ -39,12 +39,13 @@ def main() -> None:
     model = torch.nn.Linear(16, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     step = 0
-    if client.resume_path():
-        state = torch.load(client.resume_path(), weights_only=True)
+    resume_path = client.resume_path()
+    if resume_path:
+        state = torch.load(resume_path, weights_only=True)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         step = int(state["step"])
-        print(f"resumed from {client.resume_path()} at step {step}", flush=True)
+        print(f"resumed from {resume_path} at step {step}", flush=True)
     client.resumed(step)
 
     def save(at: int) -> None:

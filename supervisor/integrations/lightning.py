@@ -234,8 +234,9 @@ def _classes(flavor: str) -> tuple[type, type]:
         from lightning.fabric.plugins import CheckpointIO, TorchCheckpointIO
         from lightning.pytorch import Callback
     else:
-        from lightning_fabric.plugins import CheckpointIO, TorchCheckpointIO
-        from pytorch_lightning import Callback
+        # The standalone packages ship the same classes under other module paths; mypy sees two types.
+        from lightning_fabric.plugins import CheckpointIO, TorchCheckpointIO  # type: ignore[assignment]
+        from pytorch_lightning import Callback  # type: ignore[assignment]
     io_class = type("SupervisedCheckpointIO", (_CheckpointIOLogic, CheckpointIO),
                     {"__module__": __name__, "__doc__": _CheckpointIOLogic.__doc__})
     callback = type("SupervisorCallback", (_CallbackLogic, Callback),

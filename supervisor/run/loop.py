@@ -75,11 +75,12 @@ class Runner:
         self._clock = clock or SupervisorClock()
         self._inbox: SignalInbox | None = None
         if waker is None:
-            sigs = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
+            sigs: set[int] = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2}
             sigs |= {signal_number(s) for s in cfg.preemption.signals}
             self._inbox = SignalInbox(sigs, clock=self._clock.now)
             waker = InboxWaker(self._inbox)
         self._own_channel = channel is None
+        self._server: ControlServer | None = None  # the channel run() opened (own channel); teardown closes it
         self._manifests = manifests
         self.ctx = RunContext(cfg=cfg, argv=list(argv), environ=env, layout=layout_for(cfg, argv, env, cwd),
                               slurm_env=slurm_env, clock=self._clock, waker=waker,
@@ -126,6 +127,7 @@ class Runner:
             if self._own_channel:
                 server = ControlServer(new_token(), environ=ctx.environ, clock=self._clock.now)
                 server.start()
+                self._server = server
                 ctx.channel, ctx.control_key = server, server.token
             if self._inbox is not None:
                 self._inbox.install()
@@ -153,9 +155,9 @@ class Runner:
             thread.join(max(end - time.monotonic(), 0.0))
         if self._inbox is not None:
             self._inbox.uninstall()
-        if ctx.channel is not None and self._own_channel:
+        if self._server is not None:
             self._record_dropped()
-            ctx.channel.close()
+            self._server.close()
         if ctx.events is not None:
             ctx.events.close()
         try:

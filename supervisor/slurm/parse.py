@@ -335,7 +335,7 @@ def _expand_one(pattern: str) -> list[str]:
         raise SlurmParseError(f"unbalanced '[' in host list {pattern!r}")
     prefix, body, rest = pattern[:open_at], pattern[open_at + 1 : close_at], pattern[close_at + 1 :]
     tails = _expand_one(rest)
-    out = []
+    out: list[str] = []
     for item in body.split(","):
         for number in _expand_range(item.strip(), pattern):
             out.extend(prefix + number + tail for tail in tails)
