@@ -202,8 +202,11 @@ def notice_for(
     limit_reached = preempt_time is None and end_time is not None and end_time <= received_at + _TIME_LIMIT_SLACK_S
     if preempt_time is None and (is_warning or limit_reached or str(state or "").upper() == "TIMEOUT"):
         source = "time_limit"
+    # The time-limit warning's deadline is the job's EndTime however early it comes (Slurm may send
+    # it up to a minute before the N of --signal=...@N, and the N itself is often not configured here).
     deadline = deadline_for(received_at, job, default_grace, signal_name=signal_name,
-                            time_limit_warning=time_limit_warning if is_warning else None)
+                            time_limit_warning=time_limit_warning if is_warning else None,
+                            horizon=math.inf if is_warning else None)
     grace = None
     if preempt_time is not None and end_time is not None:
         grace = max(end_time - preempt_time, 0.0)
@@ -449,7 +452,8 @@ def arbitrate(
     * otherwise STOP_NOW. Finishing exactly at ``deadline - margin`` counts as in time.
     """
     budget = deadline - margin - now
-    common: dict[str, Any] = dict(now=now, deadline=deadline, margin=margin, remaining_s=deadline - now, budget_s=budget)
+    common: dict[str, Any] = dict(now=now, deadline=deadline, margin=margin, remaining_s=deadline - now,
+                                  budget_s=budget)
 
     if in_flight is not None:
         est = history.expected_remaining(in_flight, now)
@@ -620,7 +624,8 @@ def decide_requeue(
     if policy == "never":
         return no("preemption.requeue=never: not requeueing; the run exits 75 for a resubmission loop")
 
-    time_limit = cls is FailureClass.TIME_LIMIT or (notice is not None and notice.failure_class is FailureClass.TIME_LIMIT)
+    time_limit = cls is FailureClass.TIME_LIMIT or (
+        notice is not None and notice.failure_class is FailureClass.TIME_LIMIT)
     preempted = not time_limit and (cls is FailureClass.PREEMPTED or notice is not None)
     if time_limit:
         what = "time limit: Slurm never requeues a job that ran out of time"

@@ -68,7 +68,8 @@ DEFAULT_STEP_PATTERNS: tuple[tuple[str, str, str], ...] = (
 _EPOCH = re.compile(r"\bepochs?\b", _FLAGS)
 # File paths and checkpoint names carry step numbers that are not progress ("resuming from
 # ckpt/step=3000.ckpt", "saving to out/checkpoint-1500"): the default patterns never read inside them.
-_PATHLIKE = re.compile(r"(?<!\S)(?:\.{0,2}/|~/|[^\s/]+/[^\s/]+/)\S*|\S*\.(?:ckpt|pt|pth|bin|safetensors|distcp|pkl|tar)\b\S*",
+_PATHLIKE = re.compile(r"(?<!\S)(?:\.{0,2}/|~/|[^\s/]+/[^\s/]+/)\S*"
+                       r"|\S*\.(?:ckpt|pt|pth|bin|safetensors|distcp|pkl|tar)\b\S*",
                        _FLAGS)
 _STEPS_DESC = re.compile(r"\b(?:global|steps?|iters?|iterations?)\b", _FLAGS)
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")

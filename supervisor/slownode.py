@@ -115,7 +115,8 @@ class SlowNodeTracker:
             state.samples.clear()
         if step_time is not None and not isinstance(step_time, bool) and math.isfinite(step_time) and step_time > 0:
             state.samples.append((now, float(step_time)))
-        elif state.last_step is not None and state.last_at is not None and step > state.last_step and now > state.last_at:
+        elif (state.last_step is not None and state.last_at is not None and step > state.last_step
+              and now > state.last_at):
             state.samples.append((now, (now - state.last_at) / (step - state.last_step)))
         if state.last_step is None or step != state.last_step:
             state.last_step, state.last_at = step, now

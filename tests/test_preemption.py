@@ -380,3 +380,11 @@ def test_job_that_slurm_will_not_requeue() -> None:
     assert (auto.do, auto.how) == (False, "none") and "--no-requeue" in auto.reason
     always = _rq(job_requeueable=False, policy="always")
     assert (always.do, always.how) == (True, "resubmit")
+
+
+def test_a_time_limit_warning_plans_for_endtime_however_early_it_comes() -> None:
+    # `--signal=B:USR1@90` can arrive up to a minute before the 90 s: the deadline is still EndTime,
+    # not the default grace (which would be too short for any save and lose the warning's purpose).
+    job = SimpleNamespace(preempt_time=None, end_time=1150.0, state="RUNNING")
+    n, d = notice_for("signal", 1000.0, job, 30.0, signal_name="USR1", time_limit_signal="USR1")
+    assert (d.at, d.source, n.failure_class) == (1150.0, "slurm_end_time", FailureClass.TIME_LIMIT)

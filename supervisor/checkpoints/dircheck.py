@@ -344,7 +344,8 @@ def check_deepspeed_tag(path: str, *, deep: bool = False, in_place: bool = False
         outcome = _member(os.path.join(path, name), name, deep=deep)
         outcomes.append(outcome)
         if name == (optim_files[0] if optim_files else None) and outcome.verdict is Verdict.VALID:
-            problem = _partition_problem(outcome.facts, len([n for n in optim_files if n.endswith("_mp_rank_00_optim_states.pt")]))
+            first_ranks = [n for n in optim_files if n.endswith("_mp_rank_00_optim_states.pt")]
+            problem = _partition_problem(outcome.facts, len(first_ranks))
             if problem:
                 return corrupt(fmt, 3, f"{name}: {problem}")
     bad = worst(outcomes)
@@ -474,7 +475,8 @@ def check_hf(path: str, *, deep: bool = False, depth: int = 0) -> Outcome:
         step = state.get("global_step")
         epoch = state.get("epoch")
     except ScanLimitError as exc:
-        return unverifiable(fmt, 1, f"trainer_state.json: {exc.reason}", embedded_step=step_from_name(os.path.basename(path)))
+        return unverifiable(fmt, 1, f"trainer_state.json: {exc.reason}",
+                            embedded_step=step_from_name(os.path.basename(path)))
     except (ValueError, UnicodeDecodeError, AttributeError, RecursionError) as exc:
         return corrupt(fmt, 1, f"trainer_state.json unreadable ({type(exc).__name__}): torn write")
     if plain_int(step) is None:

@@ -311,7 +311,8 @@ def _legacy_pickles(fd: int, size: int) -> list[PickleScan]:
             if len(data) >= size:
                 raise
             if len(data) >= MAX_PICKLE_BYTES:
-                raise ScanLimitError(f"too large to scan: the legacy pickles run past {MAX_PICKLE_BYTES:,} bytes") from None
+                raise ScanLimitError(
+                    f"too large to scan: the legacy pickles run past {MAX_PICKLE_BYTES:,} bytes") from None
             want = min(size, want * 8, MAX_PICKLE_BYTES)
 
 

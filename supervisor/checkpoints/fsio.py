@@ -30,7 +30,8 @@ class NotRegularFile(OSError):
 
 
 def file_kind(mode: int) -> str:
-    return next((name for test, name in _KINDS if test(mode)), "a regular file" if stat.S_ISREG(mode) else "a special file")
+    fallback = "a regular file" if stat.S_ISREG(mode) else "a special file"
+    return next((name for test, name in _KINDS if test(mode)), fallback)
 
 
 @contextlib.contextmanager

@@ -50,7 +50,7 @@ def is_usable(report: CheckpointReport) -> bool:
     return report.verdict is Verdict.UNVERIFIABLE and report.level >= 1
 
 
-def _rank(report: CheckpointReport) -> tuple:
+def _rank(report: CheckpointReport) -> tuple[int | None, bool, bool, int, str]:
     return (report.step, report.verdict is Verdict.VALID, not report.is_last, report.version, report.path)
 
 
@@ -85,7 +85,8 @@ def choose_resume_point(reports: Sequence[CheckpointReport], *, require_verified
 def _explain(chosen: CheckpointReport, candidates: tuple[CheckpointReport, ...]) -> str:
     kind = "valid" if chosen.verdict is Verdict.VALID else f"unverifiable ({chosen.reason}) but no valid one is as new"
     parts = [f"{chosen.name} at step {chosen.step}: newest {kind}"]
-    skipped = [r for r in candidates if r.step is not None and r.step >= chosen.step and r is not chosen
+    chosen_step = chosen.step if chosen.step is not None else -1
+    skipped = [r for r in candidates if r.step is not None and r.step >= chosen_step and r is not chosen
                and not (is_usable(r) and r.step == chosen.step)]
     if skipped:
         parts.append("skipped " + "; ".join(f"{r.name} ({r.verdict.value}: {r.reason})" for r in skipped[:5]))

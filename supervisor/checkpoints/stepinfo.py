@@ -41,7 +41,8 @@ def embedded_step(path: str | os.PathLike[str]) -> StepInfo | None:
         return None
     if outcome.verdict is not Verdict.VALID or not outcome.load_safe:
         return None
-    step = outcome.embedded_step if outcome.embedded_step is not None and 0 <= outcome.embedded_step <= MAX_STEP else None
+    embedded = outcome.embedded_step
+    step = embedded if embedded is not None and 0 <= embedded <= MAX_STEP else None
     epoch = outcome.epoch if outcome.epoch is not None and 0 <= outcome.epoch <= MAX_STEP else None
     if step is None and epoch is None:
         return None

@@ -154,7 +154,8 @@ def validate(
     if (outcome.verdict is Verdict.CORRUPT and writers_alive and quiet_s > 0 and now is not None
             and now - mtime < quiet_s):
         outcome = outcome.but(verdict=Verdict.IN_PROGRESS,
-                              reason=f"modified {max(now - mtime, 0):.1f} s ago, may still be written ({outcome.reason})")
+                              reason=f"modified {max(now - mtime, 0):.1f} s ago, may still be written "
+                                     f"({outcome.reason})")
     return _report(base, outcome, size, mtime, is_dir=is_dir, name_step=name_step)
 
 
@@ -185,7 +186,8 @@ def _step_rule(outcome: Outcome, name_step: int | None) -> Outcome:
     if outcome.verdict is not Verdict.VALID or name_step is None or embedded is None or embedded == name_step:
         return outcome
     if abs(embedded - name_step) == 1:
-        return outcome.but(reason=f"{outcome.reason}; embedded step {embedded} vs {name_step} in the name (off by one: accepted)")
+        return outcome.but(reason=f"{outcome.reason}; embedded step {embedded} vs {name_step} in the name "
+                                  "(off by one: accepted)")
     return outcome.but(verdict=Verdict.UNVERIFIABLE,
                        reason=f"embedded step {embedded} != step {name_step} in the name; {outcome.reason}")
 

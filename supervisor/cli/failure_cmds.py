@@ -218,7 +218,8 @@ def audit_cmd(run_dir: Path, config_file: Path | None, as_json: bool) -> None:
             for r, a in zip(records, audits):
                 rows.append([str(r.attempt), _fmt(r.job_id) + (f"/{r.restart_count}" if r.restart_count else ""),
                              ",".join(r.nodes) or "-", _fmt(r.resume_step), _fmt(r.first_step) + ("" if a.ok else "!"),
-                             _fmt(r.last_step), _fmt(r.last_durable_step), fmt_lost(r.steps_lost, r.steps_lost_at_least),
+                             _fmt(r.last_step), _fmt(r.last_durable_step),
+                             fmt_lost(r.steps_lost, r.steps_lost_at_least),
                              _fmt(r.wall_lost), r.status, _fmt(r.action.value if r.action else None),
                              (r.evidence[0][:60] if r.evidence else "")])
             click.echo(_table(rows, ["attempt", "job", "nodes", "resume", "first", "last", "durable", "lost",

@@ -462,7 +462,8 @@ COMPLETION_MARKERS: tuple[CompletionMarker, ...] = (
                      "torchrun: the local worker group SUCCEEDED", ("worker group",)),
     CompletionMarker(re.compile(r"`Trainer\.fit` stopped: `max_(?:steps|epochs)=\d+` reached"),
                      "Lightning: `Trainer.fit` stopped at max_steps/max_epochs", ("trainer.fit",)),
-    CompletionMarker(re.compile(r"\bTraining completed\. Do not forget to share your model|^\s*Training completed\.\s*$"),
+    CompletionMarker(re.compile(r"\bTraining completed\. Do not forget to share your model"
+                                r"|^\s*Training completed\.\s*$"),
                      "Hugging Face Trainer: training completed", ("training completed",)),
     CompletionMarker(re.compile(r"""['"]train_runtime['"]\s*:\s*[\d.]+"""),
                      "Hugging Face Trainer: the final train metrics (train_runtime)", ("train_runtime",)),

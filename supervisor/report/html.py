@@ -149,7 +149,8 @@ def markers(report: Report) -> list[Marker]:
                               f"{' on ' + a.failure_node if a.failure_node else ''}: {a.evidence or '-'}"))
     for p in report.series:
         if p.kind == "save":
-            out.append(Marker(Mark.SAVE, p.attempt, p.ts, p.step, f"attempt {p.attempt}: checkpoint of step {p.step} saved"))
+            out.append(Marker(Mark.SAVE, p.attempt, p.ts, p.step,
+                              f"attempt {p.attempt}: checkpoint of step {p.step} saved"))
     s = report.events_summary
     for notice in s.notices:
         n = _int(notice.get("attempt"))
@@ -397,7 +398,8 @@ def step_chart(report: Report, marks: Sequence[Marker]) -> Html | None:
             continue
         placed.append((m, x(m.step), _lane_middle(row, m.attempt, rh)))
     body.extend(_marks(placed, min(rh * 0.38, 7.0)))
-    desc = (f"{len(report.attempts)} attempt(s) up to step {top}; {fmt_lost(report.run.steps_lost, report.run.steps_lost_at_least)} "
+    lost = fmt_lost(report.run.steps_lost, report.run.steps_lost_at_least)
+    desc = (f"{len(report.attempts)} attempt(s) up to step {top}; {lost} "
             f"steps lost in all (hatched). " + _marks_summary(marks))
     return _chart("timeline-steps", "Attempts on the step axis", desc, height, body)
 
@@ -415,8 +417,9 @@ def _legend(marks: Sequence[Marker]) -> Html:
     items = []
     for kind, name in (("ok", "completed"), ("sched", "preempted / time limit"), ("fail", "failed"),
                        ("person", "cancelled by a person"), ("running", "running / no end logged")):
-        items.append(el("li", el("svg", el("rect", x="1", y="3", width="22", height="10", rx="2", class_=f"bar k-{kind}"),
-                                 viewBox="0 0 24 16", width="24", height="16", aria_hidden="true"), " ", name))
+        swatch = el("rect", x="1", y="3", width="22", height="10", rx="2", class_=f"bar k-{kind}")
+        items.append(el("li", el("svg", swatch, viewBox="0 0 24 16", width="24", height="16", aria_hidden="true"),
+                        " ", name))
     items.append(el("li", el("svg", el("rect", x="1", y="3", width="22", height="10", class_="lost"),
                              viewBox="0 0 24 16", width="24", height="16", aria_hidden="true"), " steps lost"))
     present = {m.kind for m in marks}
@@ -534,7 +537,8 @@ def checkpoints_part(report: Report) -> list[Html]:
                            f"{_checkpoint_counts(report.checkpoints)}. Checked without loading them "
                            "(no pickle is run)."))
         out.append(table(("file", "size", "verdict", "step", "format", "level", "reason"),
-                         [(c.file, fmt_size(c.size), badge(c.verdict or "unchecked", _VERDICT_KIND.get(c.verdict or "", "unknown")),
+                         [(c.file, fmt_size(c.size),
+                           badge(c.verdict or "unchecked", _VERDICT_KIND.get(c.verdict or "", "unknown")),
                            c.step, c.format, c.level, c.reason) for c in report.checkpoints],
                          caption="Checkpoints in the directory, by step", table_id="checkpoints-table",
                          numeric=(1, 3)))
@@ -738,8 +742,9 @@ def render_html(report: Report) -> str:
                                                           "dashed lines are new job sessions (requeues). Hover a mark "
                                                           "for what it is.")))
     if steps is not None:
-        charts.append(el("figure", steps, el("figcaption", "The same attempts on the step axis: where each one started "
-                                                           "and how far it got; hatched steps were lost and done again.")))
+        caption = ("The same attempts on the step axis: where each one started and how far it got; hatched steps "
+                   "were lost and done again.")
+        charts.append(el("figure", steps, el("figcaption", caption)))
     if charts:
         section("timeline", "Timeline", _legend(marks), *charts)
     else:

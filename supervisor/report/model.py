@@ -601,7 +601,8 @@ def _run_info(run_start: Mapping[str, Any], run_end: Mapping[str, Any] | None,
               sessions: list[_Session], attempts: tuple[AttemptRow, ...],
               versions: Iterable[int], manifests: Mapping[int, Mapping[str, Any]]) -> RunInfo:
     jobs = tuple(
-        JobRow(session=i + 1, job_id=as_str(s.fields.get("job_id")), restart_count=as_int(s.fields.get("restart_count")),
+        JobRow(session=i + 1, job_id=as_str(s.fields.get("job_id")),
+               restart_count=as_int(s.fields.get("restart_count")),
                host=as_str(s.fields.get("host")), start=s.ts, attempts=tuple(s.attempts), ended_by=s.ended_by)
         for i, s in enumerate(sessions))
     restarts = sum(max(len(j.attempts) - 1, 0) for j in jobs)

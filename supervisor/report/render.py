@@ -370,7 +370,8 @@ def status_blocks(view: StatusView) -> list[Block]:
                      + _deadline_text(view.notice_deadline, view.deadline_left))
     if view.last_checkpoint:
         c = view.last_checkpoint
-        lines.append(f"last checkpoint: step {_cell(c.get('step'))} ({(str(c.get('path') or '-')).rsplit('/', 1)[-1]}), "
+        name = (str(c.get('path') or '-')).rsplit('/', 1)[-1]
+        lines.append(f"last checkpoint: step {_cell(c.get('step'))} ({name}), "
                      f"{fmt_duration(view.checkpoint_age)} ago")
     else:
         lines.append("no checkpoint saved yet")

@@ -214,7 +214,8 @@ class Runner:
         plan = child_plan(ctx.cfg, ctx.argv, ctx.environ, ctx.layout, attempt=state.attempt,
                           resume_path=state.resume_path, resume_step=state.resume_step,
                           control_address=getattr(ctx.channel, "address", ""), control_key=ctx.control_key)
-        spec = ChildSpec(argv=list(plan.argv), env=plan.env, cwd=self.cwd, log_path=self.paths.attempt_log(state.attempt),
+        spec = ChildSpec(argv=list(plan.argv), env=plan.env, cwd=self.cwd,
+                         log_path=self.paths.attempt_log(state.attempt),
                          tail_bytes=ctx.cfg.tail_bytes, max_line_bytes=ctx.cfg.max_line_bytes, echo=ctx.echo,
                          **_shield_kwargs(plan.shield_signals))
         child = ctx.start_child(spec)

@@ -1,0 +1,108 @@
+"""The README's sbatch example, submitted as written on the two-node test cluster.
+
+What is changed, and why: ``--gpus-per-node`` is dropped (the test cluster has no GPUs), the time
+limit and the warning are shortened (``--time=2``, ``--signal=B:USR1@90``) so a warning comes in
+seconds instead of a day, ``$SCRATCH`` is the test's directory, and ``python train.py --lr 3e-4`` is
+a training that really runs here. Everything else, the ``exec srun supervise run`` line included,
+is the README's text: the layout that once let the USR1 kill the batch shell before any save.
+
+* With the client, every requeue resumes from the save made at the warning, and the run completes.
+* A script that cannot save (no checkpoints at all) is stopped after the requeues without progress
+  the budget allows, with that budget named, never requeued forever.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, events_named
+
+pytestmark = pytest.mark.slurm
+pytest.importorskip("torch")
+
+PY = sys.executable
+README = Path(REPO) / "README.md"
+
+
+def readme_sbatch() -> str:
+    text = README.read_text()
+    section = text[text.index("## In an sbatch script"):]
+    match = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert match, "the README lost its sbatch example"
+    return match.group(1)
+
+
+def as_test_job(example: str, scratch: Path, command: str, env: dict[str, str]) -> str:
+    """The example with only the changes the module docstring lists."""
+    lines = []
+    for line in example.splitlines():
+        if line.startswith("#SBATCH"):
+            line = line.replace(" --gpus-per-node=1", "").replace("--time=1-00:00:00", "--time=2")
+            line = line.replace("--signal=B:USR1@120", "--signal=B:USR1@90")
+        lines.append(line)
+    body = "\n".join(lines)
+    assert "exec srun supervise run" in body and "python train.py --lr 3e-4" in body
+    body = body.replace("python train.py --lr 3e-4", command)
+    exports = "".join(f"export {k}={v}\n" for k, v in {"SCRATCH": str(scratch), "PYTHONPATH": REPO,
+                                                         "PYTHONUNBUFFERED": "1", **env}.items())
+    head, _, rest = body.partition("\n\n")  # after the #SBATCH header: sbatch reads it only at the top
+    return f"{head}\n\n{exports}echo \"JOB RUN restart=${{SLURM_RESTART_COUNT:-0}}\"\n{rest}\n"
+
+
+def wait_finished(cluster, job: int, timeout: float):
+    """The job's record once it has ended for good (a requeue passes through pending states, and
+    a requeued job waits out a BeginTime: the same final state twice, 15 s apart)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        info = cluster.job(job)
+        if info is not None and info.is_finished:
+            time.sleep(15)
+            again = cluster.job(job)
+            if again is not None and again.is_finished and again.restarts == info.restarts:
+                return again
+        time.sleep(1)
+    raise AssertionError(f"job {job} did not end in {timeout:.0f} s: {cluster.job(job)}")
+
+
+def test_readme_example_saves_at_the_warning_and_every_requeue_resumes_from_it(slurm_cluster, slurm_job_dir):
+    scratch = slurm_job_dir
+    plain = Path(REPO) / "examples" / "train_plain.py"
+    script = as_test_job(readme_sbatch(), scratch, f"{PY} {plain} --steps 900 --step-time 0.05 --save-every 500",
+                         {"PATH": f"{Path(PY).parent}:$PATH"})
+    job = slurm_cluster.sbatch(script, "-D", str(scratch))
+    info = wait_finished(slurm_cluster, job, timeout=420)
+    run_dir = scratch / "runs" / "exp1"
+    ends = [e["outcome"] for e in events_named(run_dir, "run_end")]
+    assert ends[-1] == "complete" and "requeue" in ends, (ends, info)
+    notices = events_named(run_dir, "notice")
+    assert notices and all(n["signal"] == "USR1" and n["class"] == "time_limit" for n in notices), notices
+    starts = {e["attempt"]: e for e in events_named(run_dir, "attempt_start")}
+    saves = events_named(run_dir, "save_end")
+    for end in events_named(run_dir, "attempt_end"):
+        if end["class"] != "time_limit":
+            continue
+        at_warning = [s for s in saves if s["attempt"] == end["attempt"] and s["ok"]]
+        assert at_warning, f"attempt {end['attempt']} made no save at the warning"
+        nxt = starts.get(end["attempt"] + 1)
+        assert nxt is not None and nxt["resume_step"] == at_warning[-1]["step"], (nxt, at_warning[-1])
+    assert info.state == "COMPLETED", info
+
+
+def test_readme_example_without_saves_is_stopped_by_the_requeue_budget(slurm_cluster, slurm_job_dir):
+    scratch = slurm_job_dir
+    zero = Path(REPO) / "examples" / "train_zero_code.py"
+    script = as_test_job(readme_sbatch(), scratch,
+                         f"{PY} {zero} --steps 100000 --save-every 1000000 --step-time 0.05",
+                         {"PATH": f"{Path(PY).parent}:$PATH", "SUPERVISE_BUDGET__MAX_REQUEUES_WITHOUT_PROGRESS": "1"})
+    job = slurm_cluster.sbatch(script, "-D", str(scratch))
+    info = wait_finished(slurm_cluster, job, timeout=420)
+    run_dir = scratch / "runs" / "exp1"
+    ends = events_named(run_dir, "run_end")
+    assert [e["outcome"] for e in ends] == ["requeue", "stopped"], ends
+    assert ends[-1]["stopped_by"] == "max_requeues_without_progress", ends[-1]
+    assert info.restarts == 1, info
