@@ -13,8 +13,8 @@ They assert what must happen, whatever the version does underneath:
   its saved step, with or without the client;
 * more than MaxBatchRequeue (5) graceful preemptions of one job still end in a completed training,
   never a job held by Slurm;
-* a person's ``scancel`` (or ``scancel --signal=TERM``, or ``-s KILL``) is final: never requeued,
-  and the event log's run_end says a person cancelled it (where the supervisor lives to say so);
+* a person's ``scancel`` (or ``scancel -s KILL``, or ``scancel --signal=TERM``) is final: never
+  requeued, and the event log's run_end says a person cancelled it;
 * the time-limit warning (``--signal=B:USR1@N``, or ``scancel --signal=USR1`` standing in for it)
   requeues only when ``preemption.requeue_on_time_limit`` is on;
 * a node that fails under the job: Slurm's own requeue, exactly once, and a resume elsewhere.
@@ -43,7 +43,7 @@ def job_script(run_dir: Path, child: str, sets: str = "", exec_srun: bool = Fals
     """The batch script: one line per run in the output, then ``srun supervise run -- child``.
     ``exec_srun``: the batch shell becomes srun (the time-limit template's layout), so a
     ``--signal=B:SIG`` or ``scancel --batch`` reaches srun, which forwards it to the step."""
-    run = (f"srun --cpus-per-task=1 {PY} -m supervisor run --run-dir {run_dir} --set preemption.margin=2 "
+    run = (f"srun -n1 --cpus-per-task=1 {PY} -m supervisor run --run-dir {run_dir} --set preemption.margin=2 "
            f"{sets} -- {child}")
     tail = f"exec {run}\n" if exec_srun else f"{run}\necho \"SUPERVISE EXIT $?\"\n"
     return ("#!/bin/bash\n"
@@ -271,31 +271,22 @@ def test_many_graceful_preemptions_of_one_job_never_leave_it_held(slurm_cluster,
 
 
 # ---- a person stops the job ---------------------------------------------------------------------------
-@pytest.mark.parametrize("how", ["scancel", "scancel_signal_term"])
+@pytest.mark.parametrize("how", ["scancel", "scancel_signal_term", "scancel_signal_kill"])
 def test_a_persons_scancel_is_final_never_requeued(slurm_cluster, slurm_job_dir, how):
-    """``scancel JOB`` (the job is cancelled) and ``scancel --signal=TERM JOB`` (its steps get
-    SIGTERM; the job is not cancelled): both are a person stopping the training. Never requeued,
-    on any version; run_end says a person cancelled it."""
+    """``scancel JOB`` and ``scancel -s KILL JOB`` (both cancel the job: Slurm sends SIGTERM, then
+    SIGKILL after KillWait, and the job ends CANCELLED, on every version), and ``scancel
+    --signal=TERM JOB`` (only the steps get SIGTERM; the job is not cancelled and its batch script
+    goes on): each is a person stopping the training. Never requeued, on any version; run_end says
+    a person cancelled it."""
     run_dir = slurm_job_dir / "run"
     job = submit(slurm_cluster, slurm_job_dir, job_script(run_dir, slow_saver(400, save_every=10, save_seconds=0.1)))
     wait_until(lambda: saved(run_dir, 1, 10), 90, "a first save", slurm_cluster, job)
-    argv = ["scancel", str(job)] if how == "scancel" else ["scancel", "--signal=TERM", str(job)]
-    slurm_cluster.run(argv)
+    argv = {"scancel": ["scancel"], "scancel_signal_term": ["scancel", "--signal=TERM"],
+            "scancel_signal_kill": ["scancel", "-s", "KILL"]}[how]
+    slurm_cluster.run([*argv, str(job)])
     final = settled(slurm_cluster, job, run_dir)
-    assert_job(final, run_dir, "CANCELLED" if how == "scancel" else "COMPLETED", 0)
+    assert_job(final, run_dir, "COMPLETED" if how == "scancel_signal_term" else "CANCELLED", 0)
     assert_cancelled_by_a_person(run_dir, final)
-
-
-def test_scancel_signal_kill_is_never_requeued(slurm_cluster, slurm_job_dir):
-    """``scancel -s KILL``: the supervisor dies with its child, says nothing, and nothing requeues."""
-    run_dir = slurm_job_dir / "run"
-    job = submit(slurm_cluster, slurm_job_dir, job_script(run_dir, slow_saver(400, save_every=10, save_seconds=0.1)))
-    wait_until(lambda: saved(run_dir, 1, 10), 90, "a first save", slurm_cluster, job)
-    slurm_cluster.run(["scancel", "-s", "KILL", str(job)])
-    final = settled(slurm_cluster, job, run_dir)
-    assert_job(final, run_dir, "COMPLETED", 0)
-    assert "SUPERVISE EXIT 137" in Path(final.std_out).read_text(), evidence(run_dir, final)
-    assert not explicit_requeues(run_dir) and not events(run_dir, "run_end"), evidence(run_dir, final)
 
 
 # ---- the time limit ---------------------------------------------------------------------------------
@@ -315,6 +306,9 @@ def test_time_limit_warning_signal_requeues_only_when_opted_in(slurm_cluster, sl
     wait_until(lambda: events(run_dir, "notice"), 90, "the time-limit warning", slurm_cluster, job)
     notice = events(run_dir, "notice")[0]
     assert notice["signal"] == "USR1" and notice["class"] == "time_limit", notice
+    if opted_in:  # the second run gets 5 minutes: no second warning while it finishes
+        wait_until(lambda: (slurm_cluster.job(job) or final_none).restarts >= 1, 60, "the requeue", slurm_cluster, job)
+        slurm_cluster.run(["scontrol", "update", f"JobId={job}", "TimeLimit=5"], check=False)
     final = settled(slurm_cluster, job, run_dir)
     if opted_in:
         assert_job(final, run_dir, "COMPLETED", 1)
