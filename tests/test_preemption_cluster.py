@@ -171,6 +171,33 @@ def test_zero_code_child_torn_mid_write_is_quarantined_and_resumed_from_a_step_c
     assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
 
 
+def test_zero_code_preempted_mid_save_that_fits_keeps_the_file_whole_and_resumes_from_it(
+        slurm_cluster, slurm_job_dir):
+    """An unchanged script, preempted while it overwrites last.ckpt in place (4 s) with a grace that
+    fits the write (15 s). Slurm's SIGTERM reaches every process of the step at once; the child
+    starts with it ignored, so the supervisor blocks on the write it sees in the directory, then ends
+    the child: last.ckpt is whole, nothing is quarantined, and the requeued run resumes from it."""
+    run_dir = slurm_job_dir / "run"
+    ckpt = run_dir / "checkpoints"
+    child = (f"{PY} {CHILDREN / 'zero_code_slow.py'} --steps 40 --step-time 0.1 --save-every 10 "
+             f"--last-seconds 4 --ckpt-dir {ckpt}")
+    with slurm_cluster.grace(15):
+        job = submit_victim(slurm_cluster, slurm_job_dir, "n2",
+                            victim_script(run_dir, child, sets="--resume-arg '--ckpt_path {path}'"))
+        wait_until(lambda: log_has(run_dir, "writing last.ckpt for step 20"), 150, "the write of last.ckpt")
+        time.sleep(1.0)  # a quarter of the way into the write
+        slurm_cluster.preempt("n2")
+        final = slurm_cluster.wait_state(job, "COMPLETED", timeout=180, min_restarts=1)
+    assert final.restarts >= 1
+    assert [a["decision"] for a in events_named(run_dir, "arbitration")][0] == "block"
+    assert log_has(run_dir, "saved step 20"), "the write of step 20 did not finish"
+    assert events_named(run_dir, "quarantine") == []  # nothing torn
+    resume = events_named(run_dir, "resume_point")[1]
+    assert resume["step"] == 20, resume
+    assert resumed_step_from_child(run_dir, 2) == 20
+    assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
+
+
 def test_completed_training_is_not_requeued(slurm_cluster, slurm_job_dir):
     run_dir = slurm_job_dir / "run"
     child = f"{PY} {CHILDREN / 'slow_saver.py'} --steps 15 --step-time 0.05 --save-every 5 --save-seconds 0.1"
