@@ -9,9 +9,12 @@ checked by tests/test_slurm_facade.py; docs/slurm-versions.md has the table.
 
 Evidence, strongest first:
 
-1. JobState=CANCELLED: ``scancel`` by a person (or an admin). Slurm sets it the moment the cancel
-   is accepted, before the job's processes get their SIGTERM, and shows it through the whole kill
-   window, on 22.05, 24.11 and 26.05. A cancel is final: never requeue it, on any version.
+1. A cancel: ``scancel`` (or ``scancel -s KILL``) by a person or an admin. During the kill window
+   the text of every version says only JobState=COMPLETING; 24.11/26.05 ``--json`` says
+   CANCELLED+COMPLETING (``JobInfo.state_flags``, read by the CLI backend for a COMPLETING job);
+   22.05 has no ``--json``, and there the COMPLETING record ended long before its time limit with
+   no PreemptTime and no requeue. Afterwards JobState=CANCELLED everywhere. A cancel is final:
+   never requeue it, on any version.
 2. JobState=NODE_FAIL, or a node-failure reason: a node of the job died; Slurm requeues a
    requeueable batch job by itself.
 3. JobState=TIMEOUT: the time limit was reached (the final SIGTERM of the limit).
@@ -22,9 +25,10 @@ Evidence, strongest first:
 6. The time-limit warning signal (``--signal=B:USR1@N``): the time limit is coming.
 7. EndTime reached with no PreemptTime: the time limit.
 8. Any other signal while Slurm shows the job RUNNING with time left and no PreemptTime: not
-   Slurm's doing, so a person's ``scancel --signal=...`` or ``kill``: final. The controller sets
-   PreemptTime before it signals a preempted job, but the record read can race a busy controller:
-   ``recheck_after`` asks the caller to read the job once more before acting on it.
+   Slurm's doing, so a person's ``scancel --signal=...`` or ``kill``: final. But the signal of a
+   preemption can arrive before the record shows PreemptTime (seen on 22.05 and 24.11: tens of
+   milliseconds, longer on a busy controller): ``recheck_after`` asks the caller to read the job
+   once more before acting on it.
 """
 
 from __future__ import annotations
