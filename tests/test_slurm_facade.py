@@ -201,6 +201,14 @@ def test_batch_shell_environment() -> None:
     assert env.node_names == ("n1", "n2") and env.partition == "extra" and env.ntasks is None
 
 
+@pytest.mark.parametrize("step_id", ["-5", "4294967291", "batch"])
+def test_26_05_batch_shell_has_a_step_id_that_is_no_srun_step(step_id: str) -> None:
+    """26.05 exports SLURM_STEP_ID=-5 (the batch pseudo-step, 0xfffffffb) to the batch script;
+    22.05 and 24.11 leave it unset (seen by test_slurm_cluster.py::test_srun_two_tasks_...)."""
+    env = SlurmEnv.from_environ({**BATCH_ENV, "SLURM_STEP_ID": step_id, "SLURM_STEPID": step_id})
+    assert env.is_batch_shell and not env.in_step
+
+
 def test_step_environment_and_restart_count() -> None:
     env = SlurmEnv.from_environ(STEP_ENV)
     assert env.in_step and not env.is_batch_shell

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 
 from .parse import expand_hostlist
 
-# SLURM_STEP_ID values of the two pseudo-steps that are not an srun step.
+# SLURM_STEP_ID values of the pseudo-steps that are not an srun step: by name, and Slurm's reserved
+# step ids (batch 0xfffffffb, extern 0xfffffffc, interactive 0xfffffffd, pending 0xfffffffe), which
+# 26.05 exports to the batch script as a signed number (SLURM_STEP_ID=-5); 22.05 and 24.11 leave it unset.
 _NOT_A_STEP = frozenset({"batch", "extern", "interactive", "4294967294", "4294967292", "4294967293"})
+_RESERVED_STEP_IDS = 0xFFFFFFF0  # from here up (and any negative number): a pseudo-step, not an srun step
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,7 @@ class SlurmEnv:
     @property
     def in_step(self) -> bool:
         """Inside an ``srun`` step: the only processes Slurm signals at grace start."""
-        return self.step_id is not None and self.step_id not in _NOT_A_STEP
+        return self.step_id is not None and self.step_id not in _NOT_A_STEP and not _reserved_step(self.step_id)
 
     @property
     def is_batch_shell(self) -> bool:
@@ -88,3 +91,11 @@ def _int(value: str | None) -> int | None:
         return int(value)
     except ValueError:
         return None
+
+
+def _reserved_step(step_id: str) -> bool:
+    try:
+        number = int(step_id)
+    except ValueError:
+        return False
+    return number < 0 or number >= _RESERVED_STEP_IDS
