@@ -578,7 +578,16 @@ class SubmitLoop:
             if info.restarts > restarts:
                 log.info("job %s was requeued (restart %d): following it, not resubmitting", job_id, info.restarts)
                 restarts = info.restarts
-            if info.is_pending and re.search(r"hold|held", info.reason or "", re.IGNORECASE) and not warned_hold:
+            if info.held_for_max_requeue and callable(getattr(self.backend, "release", None)):
+                # Slurm's own hold after MaxBatchRequeue requeues of a job that left during its grace
+                # (24.05+): the training made progress each time, so it is released, and said so.
+                log.warning("job %s is held by Slurm after %d requeues (%s): releasing it", job_id, info.restarts,
+                            info.reason)
+                try:
+                    self.backend.release(job_id)
+                except SlurmError as err:
+                    log.warning("could not release job %s: %s (scontrol release %s)", job_id, err, job_id)
+            elif info.is_pending and re.search(r"hold|held", info.reason or "", re.IGNORECASE) and not warned_hold:
                 warned_hold = True
                 log.warning("job %s is held (%s): it will not start until someone releases it "
                             "(scontrol release %s); still following it", job_id, info.reason, job_id)

@@ -31,6 +31,7 @@ from ..lock import RunLock
 from ..preemption import decide_requeue
 from ..signals import SignalInbox, signal_number
 from ..slurm.stop_cause import StopCause
+from ..slurm.version import DEFAULT_MAX_BATCH_REQUEUE, SlurmVersion
 from ..slurm import SlurmEnv, get_backend
 from ..states import Action, FailureClass, RunOutcome
 from . import notice as notices
@@ -155,6 +156,13 @@ class Runner:
             thread.join(max(end - time.monotonic(), 0.0))
         if self._inbox is not None:
             self._inbox.uninstall()
+            for signum in ctx.notice_signals | {signal.SIGUSR2}:
+                # A late notice (a warning that lands after "run complete") must not kill the
+                # supervisor on its way out: that turns a finished job into a FAILED one.
+                try:
+                    signal.signal(signum, signal.SIG_IGN)
+                except (OSError, ValueError):
+                    pass
         if self._server is not None:
             self._record_dropped()
             self._server.close()
@@ -369,8 +377,13 @@ class Runner:
                                   policy=ctx.cfg.preemption.requeue,
                                   requeue_on_time_limit=ctx.cfg.preemption.requeue_on_time_limit,
                                   exclude_nodes=exclude)
-        ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, held=bool(getattr(info, "is_held", False)),
-                 **decision.to_event())
+        held_next = will_be_held(version, decision.how, info)
+        if held_next:
+            ctx.emit(Ev.WARNING, attempt=state.attempt, reason=held_next, held=True,
+                     command=f"scontrol release {job_id}")
+            log.error("%s", held_next)
+        ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id,
+                 held=bool(getattr(info, "is_held", False)) or bool(held_next), **decision.to_event())
         result = self._end(RunOutcome.REQUEUE, ExitCode.REQUEUE, f"{cls.value}: {reason}; {decision.reason}", state)
         if decision.do and decision.how == "scontrol" and job_id:
             # run_end is already written: scontrol requeue ends this job step at once. The exclude
@@ -397,6 +410,23 @@ class Runner:
         dropped = getattr(stats, "dropped", None) or {}
         if sum(dropped.values()):
             self.ctx.emit(Ev.CONTROL_DROPPED, count=sum(dropped.values()), by_reason=dict(dropped))
+
+
+def will_be_held(version: Any, how: str, info: Any) -> str | None:
+    """From 24.05 a job that leaves during its grace is requeued by Slurm through the batch-requeue
+    path, which counts toward MaxBatchRequeue (5 by default) and then *holds* the job: it would
+    stay pending until a person releases it. Nobody of this run is alive then to do it, so say so
+    now, with the exact command (docs/slurm-versions.md)."""
+    ver = SlurmVersion.of(version) if version is not None else None
+    if ver is None or how != "slurm_will" or not ver.holds_after_max_batch_requeue or info is None:
+        return None
+    restarts = getattr(info, "restarts", 0) or 0
+    if restarts + 1 < DEFAULT_MAX_BATCH_REQUEUE:
+        return None
+    job = getattr(info, "job_id", "JOB")
+    return (f"Slurm {ver.release} will hold job {job} after this requeue (MaxBatchRequeue: requeue "
+            f"{restarts + 1} of at most {DEFAULT_MAX_BATCH_REQUEUE}): it stays pending until released with "
+            f"`scontrol release {job}` (or run it under `supervise submit`, which releases held jobs)")
 
 
 def _shield_kwargs(signals: tuple[int, ...]) -> dict[str, Any]:
