@@ -1,4 +1,5 @@
-"""Append-only JSONL event log: every decision, one JSON object per line (DESIGN.md §3, §9).
+"""Append-only JSONL event log: every decision, one JSON object per line (the
+event table is in docs/architecture.md).
 
 Reports and audits are folds over this log, so it is the single source of truth for what happened.
 Each record has ``ts`` (epoch seconds), ``event`` (a name from :class:`Ev`), ``v`` (format version)

@@ -71,6 +71,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .checkpoints.atomic import fsync_dir
+
 if TYPE_CHECKING:  # annotations only
     from types import TracebackType
 
@@ -197,19 +199,6 @@ def agree_staging(final_name: str, step: int | None, *, rank: int, nonce: str | 
 
 
 # ------------------------------------------------------------------------------------ file system
-
-
-def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    """Make renames and new entries in ``directory`` durable (best effort where refused)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _walk(root: Path, limit: int = MAX_MANIFEST_FILES) -> Iterator[tuple[str, os.stat_result]]:
