@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Literal, Sequence
 
+from .slurm.grace import ClusterGrace
 from .slurm.requeue_policy import requeue_need
 from .states import FailureClass, SaveDecision
 
@@ -35,7 +36,8 @@ DEFAULT_WINDOW = 20  # saves of the history that count: the model (and so the sa
 _MIN_FOR_P90 = 5  # fewer samples than this: use the max, a p90 of 3 numbers is the max anyway
 
 NoticeSource = Literal["signal", "poll", "client", "time_limit"]
-DeadlineSource = Literal["slurm_end_time", "default_grace", "time_limit_warning"]
+DeadlineSource = Literal["slurm_end_time", "default_grace", "cluster_grace", "time_limit_warning"]
+GUESSED_DEADLINES = frozenset({"default_grace", "cluster_grace"})  # not read from the job record: refine
 RequeueHow = Literal["scontrol", "slurm_will", "resubmit", "none"]
 
 _NOTICE_SOURCES = ("signal", "poll", "client", "time_limit")
@@ -125,6 +127,7 @@ def deadline_for(
     signal_name: str | None = None,
     time_limit_warning: float | None = None,
     horizon: float | None = None,
+    cluster_grace: ClusterGrace | None = None,
 ) -> Deadline:
     """The deadline to plan for after a stop notice received at ``notice_at``.
 
@@ -133,17 +136,25 @@ def deadline_for(
     ``--signal=...@N``: pass it only when this notice is that warning. ``horizon`` is how far ahead
     an EndTime still counts as "the end this notice is about" when no PreemptTime is shown (default:
     the longer of the default grace and the warning, plus the 60 s Slurm may send a warning early).
+    ``cluster_grace`` is the GraceTime the cluster's configuration gives this job (slurm/grace.py):
+    when Slurm's record does not show the deadline yet, the plan uses it where it is shorter than
+    the default grace (``source`` "cluster_grace"), so a slow controller cannot stretch the plan.
     """
     sig = f"SIG{signal_name.upper().removeprefix('SIG')}" if signal_name else "the notice"
     preempt_time = _epoch(getattr(job, "preempt_time", None)) if job is not None else None
     end_time = _epoch(getattr(job, "end_time", None)) if job is not None else None
+    guess: DeadlineSource = "default_grace"
+    basis = f"the default grace {default_grace:.1f} s"
     fallback = notice_at + default_grace
+    if cluster_grace is not None and cluster_grace.seconds < default_grace:
+        guess, basis = "cluster_grace", f"the {cluster_grace.source} of {cluster_grace.seconds:.0f} s"
+        fallback = notice_at + cluster_grace.seconds
 
     if preempt_time is not None:
         if end_time is None:
-            return Deadline(fallback, "default_grace",
+            return Deadline(fallback, guess,
                             f"preempted (PreemptTime {preempt_time:.0f}) but Slurm shows no EndTime; "
-                            f"planning with the default grace {default_grace:.1f} s after {sig}")
+                            f"planning with {basis} after {sig}")
         if end_time <= notice_at:
             return Deadline(notice_at, "slurm_end_time",
                             f"preempted at {preempt_time:.0f}; the grace deadline EndTime {end_time:.0f} "
@@ -171,7 +182,7 @@ def deadline_for(
                "(the time limit itself: only KillWait is left)")
     else:
         why = f"the job's EndTime is {end_time - notice_at:.0f} s away, too far to be what {sig} is about"
-    return Deadline(fallback, "default_grace", f"{why}; planning with the default grace {default_grace:.1f} s")
+    return Deadline(fallback, guess, f"{why}; planning with {basis}")
 
 
 def notice_for(
@@ -183,6 +194,7 @@ def notice_for(
     signal_name: str | None = None,
     time_limit_signal: str | None = None,
     time_limit_warning: float | None = None,
+    cluster_grace: ClusterGrace | None = None,
 ) -> tuple[Notice, Deadline]:
     """Build the notice and its deadline in one step, telling a time limit from a preemption.
 
@@ -206,7 +218,8 @@ def notice_for(
     # it up to a minute before the N of --signal=...@N, and the N itself is often not configured here).
     deadline = deadline_for(received_at, job, default_grace, signal_name=signal_name,
                             time_limit_warning=time_limit_warning if is_warning else None,
-                            horizon=math.inf if is_warning else None)
+                            horizon=math.inf if is_warning else None,
+                            cluster_grace=None if is_warning else cluster_grace)
     grace = None
     if preempt_time is not None and end_time is not None:
         grace = max(end_time - preempt_time, 0.0)

@@ -216,6 +216,7 @@ class FakeSlurm:
         self.clock, self.record, self.answers, self._version = clock, record, answers, version
         self.requeues: list[tuple[float, tuple[str, ...]]] = []
         self.queries = 0
+        self.cluster_grace: Any = None  # a supervisor.slurm.grace.ClusterGrace the config would show
 
     def request_job_info(self) -> None:
         self.queries += 1
@@ -233,6 +234,9 @@ class FakeSlurm:
 
     def version(self) -> tuple[int, ...] | None:
         return self._version
+
+    def grace(self) -> Any:
+        return self.cluster_grace
 
     def node_known(self, node: str) -> bool:
         return node in ("n1", "n2")

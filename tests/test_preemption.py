@@ -91,6 +91,26 @@ def test_running_job_without_preempt_time_uses_default_grace() -> None:
     assert "too far" in d.reason
 
 
+def test_a_record_that_does_not_show_the_preemption_yet_is_planned_with_the_configured_grace() -> None:
+    # SIGTERM can reach the step before the job record shows PreemptTime (seconds on a busy
+    # controller): the partition's GraceTime read at start plans it, when shorter than the default.
+    from supervisor.slurm.grace import ClusterGrace
+
+    stale = parse_scontrol_job(scontrol_line(start=T0, end=T0 + 3600, preempt=None))
+    four = ClusterGrace(4.0, "partition extra GraceTime")
+    d = deadline_for(T0 + 10, stale, 30.0, signal_name="TERM", cluster_grace=four)
+    assert d.at == T0 + 14 and d.source == "cluster_grace" and "partition extra GraceTime of 4 s" in d.reason
+    assert deadline_for(T0 + 10, None, 30.0, signal_name="TERM", cluster_grace=four).at == T0 + 14  # no record
+    longer = ClusterGrace(600.0, "QOS scavenger GraceTime")  # never later than the default: the signal may be scancel's
+    assert deadline_for(T0 + 10, stale, 30.0, signal_name="TERM", cluster_grace=longer).source == "default_grace"
+    shown = parse_scontrol_job(scontrol_line(start=T0 - 41, end=T0 + 20, preempt=T0))
+    assert deadline_for(T0 + 1, shown, 30.0, signal_name="TERM", cluster_grace=four).at == T0 + 20  # the record wins
+    warned = parse_scontrol_job(scontrol_line(start=T0 - 3000, end=T0 + 340, preempt=None))
+    notice, d = notice_for("signal", T0, warned, 30.0, signal_name="USR1", time_limit_signal="USR1",
+                           cluster_grace=four)
+    assert notice.source == "time_limit" and d.at == T0 + 340  # a time limit is not a preemption
+
+
 def test_time_limit_warning_plans_for_end_time() -> None:
     # --signal=B:USR1@300 may come up to 60 s early: EndTime 340 s away is still this warning's end.
     job = parse_scontrol_job(scontrol_line(start=T0 - 3000, end=T0 + 340, preempt=None))

@@ -183,6 +183,39 @@ def test_a_slurmctld_that_never_answers_does_not_delay_the_notice(tmp_path: Path
     assert w["starter"].children[0].signals[0] == (1.0, TERM)
 
 
+def test_a_notice_that_outruns_the_job_record_is_planned_with_the_configured_grace(tmp_path: Path) -> None:
+    # Measured in CI under load: the job record still showed no PreemptTime when SIGTERM arrived, the
+    # plan used the 30 s default grace, blocked on a 10 s save, and Slurm's 4 s grace ran out first.
+    # The partition's GraceTime (read from the Slurm configuration at start) plans it right at once.
+    from supervisor.slurm.grace import ClusterGrace
+    from supervisor.slurm.parse import JobInfo
+
+    script = ChildScript([*heartbeats(1, 100),  # an 8 s save of step 5 first: the history says saves take 8 s
+                          (0.6, "msg", "save_begin", {"step": 5, "path": "/x/step=5.ckpt"}),
+                          (8.6, "msg", "save_end", {"step": 5, "path": "/x/step=5.ckpt", "ok": True, "duration": 8.0}),
+                          (9.0, "msg", "save_begin", {"step": 10, "path": "/x/step=10.ckpt"})],
+                         on_signal={TERM: "ignore"})
+    clock_start = 1_000_000.0
+
+    def record(at: float) -> JobInfo:  # the preemption shows in the record only 1 s after SIGTERM
+        if at < 10.5:
+            return JobInfo(job_id=81, state="RUNNING", partition="extra", end_time=clock_start + 365 * 86400.0)
+        return JobInfo(job_id=81, state="RUNNING", partition="extra", preempt_time=clock_start + 9.5,
+                       end_time=clock_start + 13.5)
+
+    runner, w = make(tmp_path, [script], signals=[(9.5, TERM)], job_id="81", slurm_record=record,
+                     sets=("preemption.margin=1",))
+    w["slurm"].cluster_grace = ClusterGrace(4.0, "partition extra GraceTime")
+    result = runner.run()
+    notice = events_named(w["run_dir"], "notice")[0]
+    assert notice["deadline_source"] == "cluster_grace" and notice["deadline"] - notice["ts"] == 4.0
+    assert "partition extra GraceTime" in notice["reason"]
+    arbitration = events_named(w["run_dir"], "arbitration")[0]
+    assert arbitration["decision"] == "abort", arbitration["reason"]
+    assert t(events_named(w["run_dir"], "save_aborted")[0], w) == 9.5  # at the notice, not 26 s later
+    assert result.outcome is RunOutcome.REQUEUE
+
+
 def test_emergency_save_then_stop(tmp_path: Path) -> None:
     # A connected client, a save that fits (assumed 5 s): "save_now"; it saves; then TERM.
     script = ChildScript([*heartbeats(1, 10)], on_signal={TERM: ("exit", 0, 0.1)})

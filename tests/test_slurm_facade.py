@@ -617,3 +617,37 @@ def test_cli_backend_node_state(tmp_path: Path) -> None:
     assert SlurmCli(env={"PATH": str(tmp_path / "bin")}).node_state("n2") == "DOWN+NOT_RESPONDING"
     with pytest.raises(SlurmError, match="not a node name"):
         SlurmCli(env={"PATH": str(tmp_path / "bin")}).node_state("n2; rm -rf /")
+
+
+# ---- the grace a preemption would give, read from the configuration (slurm/grace.py) -------------------
+def test_which_configured_grace_applies_follows_the_preempt_plugin() -> None:
+    from supervisor.slurm.grace import ClusterGrace, grace_from
+
+    assert grace_from("preempt/partition_prio", "extra", "4", "normal", None) == \
+        ClusterGrace(4.0, "partition extra GraceTime")
+    assert grace_from("preempt/qos", "extra", "4", "scavenger", "00:02:00") == \
+        ClusterGrace(120.0, "QOS scavenger GraceTime")
+    assert grace_from("preempt/qos", "extra", "4", "scavenger", "1-00:00:00").seconds == 86400.0
+    assert grace_from("preempt/none", "extra", "4", None, None) is None  # nothing preempts: nothing to learn
+    assert grace_from("preempt/qos", "extra", "4", "scavenger", None) is None  # no accounting answer
+    assert grace_from("preempt/partition_prio", "extra", "soon", None, None) is None
+    assert grace_from(None, None, None, None, None) is None
+
+
+def test_cli_backend_reads_the_grace_of_the_jobs_partition_or_qos(tmp_path: Path) -> None:
+    from supervisor.slurm.grace import ClusterGrace
+
+    info = parse_scontrol_job("JobId=7 JobName=t JobState=RUNNING Partition=extra QOS=scavenger")
+    assert info.qos == "scavenger"
+    for plugin, expected in (("preempt/partition_prio", ClusterGrace(4.0, "partition extra GraceTime")),
+                             ("preempt/qos", ClusterGrace(90.0, "QOS scavenger GraceTime")),
+                             ("preempt/none", None)):
+        bin_dir = tmp_path / plugin.replace("/", "_")
+        make_command(bin_dir, "scontrol", f"""case "$*" in
+  "show config") printf 'Configuration data as of 2026-12-01T10:00:00\\nPreemptMode             = REQUEUE\\nPreemptType             = {plugin}\\n' ;;
+  "show partition -o extra") echo "PartitionName=extra AllowGroups=ALL Default=YES GraceTime=4 Hidden=NO PreemptMode=REQUEUE" ;;
+  *) echo "unexpected: $*" >&2; exit 1 ;;
+esac
+""")
+        make_command(bin_dir, "sacctmgr", 'echo "00:01:30"\n')
+        assert SlurmCli(env={"PATH": str(bin_dir)}).preemption_grace(info) == expected, plugin

@@ -1,10 +1,11 @@
 """Stop notices and the stop machine's effects, carried out.
 
 A notice is acted on at once with what is known now: the newest Slurm job record the background
-view has (or the configured default grace when there is none), arbitrated against any save in
-flight. The real deadline is then asked for in the background and only ever moves the plan
-earlier. Which cause ended the attempt (preemption, time limit, a person's cancel) is settled
-after the child has ended, from a fresh job record (:func:`settle_cause`).
+view has (when it does not show the deadline yet: the GraceTime read from the cluster's
+configuration at start, or the configured default grace), arbitrated against any save in flight.
+The real deadline is then asked for in the background and only ever moves the plan earlier.
+Which cause ended the attempt (preemption, time limit, a person's cancel) is settled after the
+child has ended, from a fresh job record (:func:`settle_cause`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..events import Ev
-from ..preemption import Notice, SaveHistory, after_block, arbitrate, notice_for
+from ..preemption import GUESSED_DEADLINES, Notice, SaveHistory, after_block, arbitrate, notice_for
 from ..slurm.stop_cause import StopCause, StopVerdict, stop_cause
 from ..states import FailureClass
 from .attempt import AttemptState
@@ -99,7 +100,8 @@ def on_notice(ctx: RunContext, child: Any, state: AttemptState, source: str, sig
     now = ctx.clock.now()
     info = ctx.slurm.job_info()
     notice, deadline = notice_for(source, received_at, info, pcfg.default_grace, signal_name=signal_name,  # type: ignore[arg-type]
-                                  time_limit_signal=pcfg.time_limit_signal, time_limit_warning=pcfg.time_limit_warning)
+                                  time_limit_signal=pcfg.time_limit_signal, time_limit_warning=pcfg.time_limit_warning,
+                                  cluster_grace=ctx.slurm.grace())
     state.notice = notice
     state.deadline_source = deadline.source
     state.refine_until = now + REFINE_WINDOW
@@ -134,7 +136,7 @@ def handles_term(child: Any) -> bool:
 def refine_deadline(ctx: RunContext, state: AttemptState, now: float) -> None:
     """Slurm may signal a step a moment before its job record shows PreemptTime/EndTime: a notice
     planned with the default grace is re-planned once the real deadline is readable. Only earlier."""
-    if state.notice is None or state.deadline_source != "default_grace" or now >= state.refine_until:
+    if state.notice is None or state.deadline_source not in GUESSED_DEADLINES or now >= state.refine_until:
         return
     info = ctx.slurm.job_info()
     if info is None or not getattr(info, "preempt_time", None):
@@ -143,7 +145,7 @@ def refine_deadline(ctx: RunContext, state: AttemptState, now: float) -> None:
     pcfg = ctx.cfg.preemption
     notice, deadline = notice_for(state.notice.source, state.notice.received_at, info, pcfg.default_grace,  # type: ignore[arg-type]
                                   signal_name=state.notice.signal, time_limit_signal=pcfg.time_limit_signal,
-                                  time_limit_warning=pcfg.time_limit_warning)
+                                  time_limit_warning=pcfg.time_limit_warning, cluster_grace=ctx.slurm.grace())
     state.deadline_source = deadline.source
     if state.notice.deadline is not None and deadline.at >= state.notice.deadline:
         return

@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from ..child import Child, ChildExit, ChildSpec
 from ..signals import ReceivedSignal, SignalInbox
+from ..slurm.grace import ClusterGrace
 
 log = logging.getLogger("supervisor.run")
 
@@ -83,6 +84,8 @@ class SlurmView(Protocol):
     def job_info_now(self, timeout: float) -> Any | None: ...  # after the child ended: wait a bounded time
 
     def version(self) -> tuple[int, ...] | None: ...
+
+    def grace(self) -> ClusterGrace | None: ...  # the configured GraceTime, once it has been read
 
     def node_known(self, node: str) -> bool: ...
 
@@ -200,6 +203,8 @@ class BackgroundSlurm:
         self._busy = threading.Event()
         self._done = threading.Event()
         self._version: tuple[int, ...] | None = None
+        self._grace: ClusterGrace | None = None
+        self._grace_asked = False
 
     def _get_backend(self) -> Any:
         if self._backend is None:
@@ -217,6 +222,27 @@ class BackgroundSlurm:
                 self._latest = _Answer(info, time.monotonic())
         self._busy.clear()
         self._done.set()
+        if info is not None and not self._grace_asked:
+            self._learn_grace(info)
+
+    def _learn_grace(self, info: Any) -> None:
+        """Once per run, after the first record: the GraceTime a preemption would give
+        (slurm/grace.py), so a notice that outruns the job record is still planned right."""
+        self._grace_asked = True
+        try:
+            probe = getattr(self._get_backend(), "preemption_grace", None)
+            grace = probe(info) if callable(probe) else None
+        except Exception as exc:
+            log.info("cannot read the preemption grace from the Slurm configuration: %s", exc)
+            return
+        with self._lock:
+            self._grace = grace
+        if grace is not None:
+            log.info("slurm: a preemption would give %.0f s of grace (%s)", grace.seconds, grace.source)
+
+    def grace(self) -> ClusterGrace | None:
+        with self._lock:
+            return self._grace
 
     def request_job_info(self) -> None:
         if not self.job_id or self._busy.is_set():

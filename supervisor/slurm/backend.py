@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from .grace import ClusterGrace
 from .parse import JobInfo
 from .version import SlurmVersion
 
@@ -49,3 +50,5 @@ class SlurmBackend(Protocol):
     def release(self, job_id: int | str) -> bool: ...  # scontrol release of a held job; False if not held
 
     def queue_state(self, job_id: int | str) -> str | None: ...
+
+    def preemption_grace(self, info: JobInfo) -> ClusterGrace | None: ...  # the configured GraceTime

@@ -20,6 +20,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from ..errors import SlurmError
 from .backend import RequeueResult
+from .grace import ClusterGrace, grace_from
 from .parse import (
     JobInfo,
     SlurmParseError,
@@ -212,6 +213,22 @@ class SlurmCli:
                 return None
             raise
         return parse_fields(text.splitlines()[0]).get("State") if text.strip() else None
+
+    def preemption_grace(self, info: JobInfo) -> ClusterGrace | None:
+        """The GraceTime Slurm would give this job if preempted (the partition's or the QOS's, by
+        the preempt plugin); None when the cluster does not preempt or it cannot be read."""
+        config = self.run(["scontrol", "show", "config"])
+        preempt_type = next((line.split("=", 1)[1].strip() for line in config.splitlines()
+                             if line.split("=", 1)[0].strip() == "PreemptType" and "=" in line), None)
+        partition_grace = qos_grace = None
+        plugin = (preempt_type or "").lower()
+        if plugin.endswith("partition_prio") and info.partition and _NODE_NAME.match(info.partition):
+            text = self.run(["scontrol", "show", "partition", "-o", info.partition])
+            partition_grace = parse_fields(text.splitlines()[0]).get("GraceTime") if text.strip() else None
+        elif plugin.endswith("/qos") and info.qos and _NODE_NAME.match(info.qos):
+            out = self.run(["sacctmgr", "-n", "-P", "show", "qos", info.qos, "format=GraceTime"])
+            qos_grace = next((line.strip() for line in out.splitlines() if line.strip()), None)
+        return grace_from(preempt_type, info.partition, partition_grace, info.qos, qos_grace)
 
     def queue_state(self, job_id: int | str) -> str | None:
         """JobState from squeue (e.g. RUNNING, PENDING, COMPLETED); None once Slurm forgot the job."""

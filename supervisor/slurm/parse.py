@@ -61,6 +61,7 @@ class JobInfo:
     reason: str | None = None  # Reason, e.g. BeginTime, NonZeroExitCode; None when "None"
     name: str | None = None
     partition: str | None = None
+    qos: str | None = None  # QOS: its GraceTime applies under PreemptType=preempt/qos
     restarts: int = 0  # Restarts: how many times the job was requeued
     requeue: bool = False  # Requeue=1: the job may be requeued
     batch_flag: int = 0  # BatchFlag: 1 for a batch job (grows on some requeue paths)
@@ -203,6 +204,7 @@ def job_info_from_fields(fields: Mapping[str, str]) -> JobInfo:
         reason=_text(fields.get("Reason")),
         name=_text(fields.get("JobName")),
         partition=_text(fields.get("Partition")),
+        qos=_text(fields.get("QOS")),
         restarts=_int_or_none(fields.get("Restarts")) or 0,
         requeue=fields.get("Requeue", "0").strip() == "1",
         batch_flag=_int_or_none(fields.get("BatchFlag")) or 0,

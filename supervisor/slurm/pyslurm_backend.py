@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import SlurmError
 from .backend import RequeueResult
 from .cli_backend import SlurmCli, slurm_error
+from .grace import ClusterGrace
 from .parse import JobInfo, SlurmParseError, expand_hostlist, parse_version
 from .requeue_policy import ALREADY_PENDING_MESSAGE, check_requeue
 from .version import SlurmVersion
@@ -62,6 +63,9 @@ class PyslurmBackend:
                 return None
             raise
         return job_info_from_pyslurm(job)
+
+    def preemption_grace(self, info: JobInfo) -> ClusterGrace | None:
+        return self._cli.preemption_grace(info)  # configuration, read once: the CLI is enough
 
     def queue_state(self, job_id: int | str) -> str | None:
         info = self.job_info(job_id)
@@ -148,6 +152,7 @@ def job_info_from_pyslurm(job: Any) -> JobInfo:
         reason=text("state_reason"),
         name=text("name"),
         partition=text("partition"),
+        qos=text("qos"),
         restarts=int(get("requeue_count", 0)),
         requeue=bool(get("is_requeueable", False)),
         batch_flag=int(bool(get("is_batch_job", False))),
