@@ -65,3 +65,39 @@ def test_dcp_dir_save_completes_when_metadata_is_renamed_in(tmp_path: Path) -> N
     os.rename(ckpt / ".metadata.tmp", ckpt / ".metadata")
     activity = watcher.poll(2.0)
     assert not activity.in_flight and [c.path for c in activity.completed] == [str(ckpt)]
+
+
+def test_an_in_place_torch_save_that_pauses_is_still_in_flight_until_its_trailer_lands(tmp_path: Path) -> None:
+    # Measured in CI under load: a writer descheduled for longer than one poll left last.ckpt
+    # unchanged but cut short; the watch called the save complete, the supervisor ended the child
+    # on it, and the file was torn. A torch zip is complete only once its trailer is written.
+    whole = cf.save_zip(tmp_path / "source.pt", 20).read_bytes()
+    (tmp_path / "source.pt").unlink()
+    watcher = DirWatcher(tmp_path)
+    watcher.poll(0.0)
+    target = tmp_path / "last.ckpt"
+    with open(target, "wb") as handle:
+        handle.write(whole[: len(whole) // 2])
+        handle.flush()
+        assert watcher.poll(1.0).in_flight
+        paused = watcher.poll(2.0)  # unchanged over a whole poll, half written
+        assert paused.in_flight and paused.completed == ()
+        handle.write(whole[len(whole) // 2:])
+        handle.flush()
+        assert watcher.poll(3.0).in_flight
+    done = watcher.poll(4.0)
+    assert not done.in_flight and [c.bytes for c in done.completed] == [len(whole)]
+
+
+def test_an_in_place_write_left_cut_short_is_torn_not_in_flight_forever(tmp_path: Path) -> None:
+    from supervisor.checkpoints.watch import INCOMPLETE_GIVE_UP_S
+
+    whole = cf.save_zip(tmp_path / "source.pt", 20).read_bytes()
+    (tmp_path / "source.pt").unlink()
+    watcher = DirWatcher(tmp_path)
+    watcher.poll(0.0)
+    (tmp_path / "last.ckpt").write_bytes(whole[:1000])  # its writer was killed here
+    assert watcher.poll(1.0).in_flight
+    assert watcher.poll(2.0).in_flight
+    given_up = watcher.poll(2.0 + INCOMPLETE_GIVE_UP_S)
+    assert not given_up.in_flight and given_up.completed == ()  # never reported as a save

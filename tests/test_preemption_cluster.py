@@ -61,6 +61,17 @@ def event_seen(run_dir: Path, name: str, **match) -> bool:
         return False
 
 
+def in_place_writes_seen(run_dir: Path, count: int) -> bool:
+    """The supervisor has seen ``count`` in-place writes of last.ckpt begin in attempt 1: the
+    moment a preemption lands mid-write as far as the supervisor can know (the child's own "writing"
+    line can come well before its first byte on a loaded machine)."""
+    try:
+        return len([e for e in events_named(run_dir, "save_begin")
+                    if e.get("attempt") == 1 and str(e.get("path", "")).endswith("/last.ckpt")]) >= count
+    except OSError:
+        return False
+
+
 def resumed_step_from_child(run_dir: Path, attempt: int) -> int:
     """The child's own report of where it resumed (not the supervisor's opinion)."""
     text = (run_dir / "supervisor" / f"attempt-{attempt}.log").read_text()
@@ -136,6 +147,9 @@ def test_preempted_mid_save_that_cannot_fit_is_aborted_and_the_previous_checkpoi
         # soon as it did (a notice can reach the step a moment before the job record shows it).
         arbitration = events_named(run_dir, "arbitration")[-1]
         assert arbitration["decision"] == "abort", arbitration["reason"]
+        # Planned with the partition's GraceTime (read at start) or the record, never the 30 s default.
+        notice = events_named(run_dir, "notice")[0]
+        assert notice["deadline_source"] != "default_grace", notice["reason"]
         # Right after the abort, before the requeued job runs: nothing torn, step 10 intact.
         ckpt = run_dir / "checkpoints"
         assert not (ckpt / "step=20.ckpt").exists()
@@ -157,11 +171,13 @@ def test_zero_code_child_torn_mid_write_is_quarantined_and_resumed_from_a_step_c
     with slurm_cluster.grace(3):
         job = submit_victim(slurm_cluster, slurm_job_dir, "n2",
                             victim_script(run_dir, child, sets="--resume-arg '--ckpt_path {path}'"))
-        wait_until(lambda: log_has(run_dir, "writing last.ckpt for step 20"), 150, "the write of last.ckpt")
-        time.sleep(0.5)
+        wait_until(lambda: in_place_writes_seen(run_dir, 2), 150, "the write of last.ckpt for step 20")
         slurm_cluster.preempt("n2")
         final = slurm_cluster.wait_state(job, "COMPLETED", timeout=180, min_restarts=1)
     assert final.restarts >= 1
+    notice = events_named(run_dir, "notice")[0]
+    assert notice["deadline_source"] != "default_grace", notice["reason"]
+    assert events_named(run_dir, "arbitration")[0]["decision"] == "abort"  # a 4 s write cannot fit 3 s of grace
     quarantined = events_named(run_dir, "quarantine")
     assert quarantined and quarantined[0]["path"].endswith("last.ckpt") and quarantined[0]["ok"]
     assert list(ckpt.glob("CORRUPT_last.ckpt.*.json")), "no sidecar saying why"
@@ -184,8 +200,8 @@ def test_zero_code_preempted_mid_save_that_fits_keeps_the_file_whole_and_resumes
     with slurm_cluster.grace(15):
         job = submit_victim(slurm_cluster, slurm_job_dir, "n2",
                             victim_script(run_dir, child, sets="--resume-arg '--ckpt_path {path}'"))
-        wait_until(lambda: log_has(run_dir, "writing last.ckpt for step 20"), 150, "the write of last.ckpt")
-        time.sleep(1.0)  # a quarter of the way into the write
+        wait_until(lambda: in_place_writes_seen(run_dir, 2), 150, "the write of last.ckpt for step 20")
+        time.sleep(0.5)  # well into the write, with most of it still to go
         slurm_cluster.preempt("n2")
         final = slurm_cluster.wait_state(job, "COMPLETED", timeout=180, min_restarts=1)
     assert final.restarts >= 1

@@ -5,7 +5,10 @@ A save is *in flight* while a temp file for it exists (``.<name>.tmp-*``, ``*.tm
 directory ``<name>.tmp-<attempt>-<nonce>/``) or while a checkpoint's size/mtime/inode keeps
 changing between polls (``torch.save`` straight onto its final name). It is *complete* when the
 temp was renamed onto the final name, or when the checkpoint stayed unchanged over a whole poll
-interval (and, for DCP/HF dirs and sharded saves, its commit marker exists). An old checkpoint a
+interval and is whole by its own format: for DCP/HF dirs and sharded saves, the commit marker
+exists; for a torch zip, its trailer is there (a writer descheduled for a moment on a busy node
+leaves a file that stops growing without being finished). A file that stays cut short for
+``INCOMPLETE_GIVE_UP_S`` is a torn write, no longer a save in flight. An old checkpoint a
 sharded save moves aside for a moment (``<name>.old-<nonce>``) is not a save. The
 first/last poll times bound the save's duration; the runner logs ``save_begin``/``save_end``
 from them and learns how long saves take.
@@ -20,9 +23,12 @@ from dataclasses import dataclass, field
 
 from ..sharded import MARKER, parse_aside_name
 from . import formats as F
+from .fsio import regular_fd
+from .zipcheck import ZipCheckError, read_trailer
 from .naming import final_name_of_temp, has_checkpoint_suffix, is_temp_name, parse_name
 
 TRACKED_DIRS = 8  # besides new and "last" dirs, only the newest step dirs are walked each poll
+INCOMPLETE_GIVE_UP_S = 30.0  # an unchanged file still cut short after this long: torn, not in flight
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,7 @@ class _Active:
     first_seen: float
     bytes: int = 0
     via_temp: bool = False
+    cut_short_since: float | None = None  # unchanged but not whole since this poll
 
 
 @dataclass
@@ -103,12 +110,16 @@ class DirWatcher:
                     if tracked is None:
                         self._active[name] = _Active(now, snap.size)
                     else:
-                        tracked.bytes = snap.size
+                        tracked.bytes, tracked.cut_short_since = snap.size, None
                 elif tracked is not None and not tracked.via_temp:
-                    if snap.committed:
-                        completed.append(self._complete(name, snap, tracked, now))
-                    else:
+                    if not snap.committed:
                         del self._active[name]  # stopped changing without its commit marker: torn
+                    elif written_to_the_end(os.path.join(self.ckpt_dir, name)):
+                        completed.append(self._complete(name, snap, tracked, now))
+                    elif tracked.cut_short_since is None:
+                        tracked.cut_short_since = now  # paused mid-write, or torn: still in flight for now
+                    elif now - tracked.cut_short_since >= INCOMPLETE_GIVE_UP_S:
+                        del self._active[name]  # torn: the resume point's validation quarantines it
         for name in [n for n, a in self._active.items() if n not in snaps and n not in finals_with_temp]:
             del self._active[name]
         self._prev = snaps
@@ -200,6 +211,25 @@ def _dir_snap(path: str) -> tuple[_Snap, str | None]:
     elif fmt == F.HF_TRAINER:
         committed = "trainer_state.json" in names
     return _Snap(total, newest, ino, committed), temp
+
+
+def written_to_the_end(path: str) -> bool:
+    """False when the file's own format says it is cut short: empty, or a torch zip without its
+    trailer (torch writes the central directory last). Other formats and directories: True (the
+    watch cannot tell; validation at the resume point still can)."""
+    try:
+        with regular_fd(path) as (fd, st):
+            if st.st_size == 0:
+                return False
+            head = os.pread(fd, F.HEAD_BYTES, 0)
+            if F.sniff_bytes(head, os.path.basename(path)) != F.TORCH_ZIP:
+                return True
+            read_trailer(fd, 0, st.st_size, check_head=False)
+    except ZipCheckError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _size_of(path: str) -> int:

@@ -76,7 +76,7 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
     for done in activity.completed:
         record_save(ctx, state, step_of_saved(str(done.path)), str(done.path), done.bytes, done.duration, True,
                     "watch", now)
-    if activity.in_flight and state.in_flight is None:
+    if activity.in_flight and state.in_flight is None and not state.aborted_save:
         state.in_flight = InFlightSave(path=str(activity.path), step=None, started_at=activity.since or now,
                                        bytes_so_far=activity.bytes, source="watch")
         ctx.emit(Ev.SAVE_BEGIN, attempt=state.attempt, path=str(activity.path), source="watch")
