@@ -128,6 +128,10 @@ CASES = [
     ("h200_real_torchrun_ddp_ima_tee.log", 1, None, FC.ILLEGAL_MEMORY_ACCESS, "an illegal memory access", 4, None, 1),
     ("h200_real_torchrun_valueerror.log", 1, None, FC.PYTHON_EXCEPTION, "ValueError: Please use a device_id", None,
      None, None),
+    # real output of examples/train_torchrun.py here (torch 2.13 CPU, gloo, 2026-12-01): rank 1 segfaults,
+    # rank 0's all_reduce then fails with "Connection reset by peer": the segfault is the first failure
+    ("cpu_real_torchrun_gloo_reset_after_rank_sigsegv.log", 1, None, FC.NATIVE_CRASH, "exitcode  : -11 (pid: 20730)",
+     3, "localhost", 1),
     # status alone
     ("unknown_exit_no_evidence.log", 3, None, FC.UNKNOWN, None, 300, None, None),
     ("completed.log", 0, None, FC.COMPLETED, None, 10000, None, None),

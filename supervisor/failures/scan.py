@@ -84,6 +84,13 @@ class _Match:
     node: str | None = None
     rank: int | None = None
     overrides: frozenset[FailureClass] = frozenset()
+    signum: int | None = None  # a launcher's summary: the signal its root-cause worker died of
+
+
+# A worker that died of one of these cannot have been killed by a lost connection: when the
+# launcher names it as the first failure, the peers' network errors are their reaction to it.
+_HARD_CRASH_SIGNALS = frozenset({11, 7, 4, 8})  # SIGSEGV, SIGBUS, SIGILL, SIGFPE
+_PEER_REACTIONS = frozenset({FC.NCCL_ERROR, FC.INTERCONNECT})
 
 
 def _split_lines(text: str) -> list[_Line]:
@@ -336,7 +343,8 @@ def _torchrun_summary(lines: list[_Line], line: _Line, matches: list[_Match]) ->
         matches.pop()
     label = TORCHRUN_SUMMARY_OOM_LABEL if cls == FC.HOST_OOM else TORCHRUN_SUMMARY_LABEL
     matches.append(_Match(evidence[0], head, None, cls, CONSEQUENCE, False, label,
-                          extra=tuple(evidence[1:]), node=host, rank=int(rank_m.group(1)) if rank_m else None))
+                          extra=tuple(evidence[1:]), node=host, rank=int(rank_m.group(1)) if rank_m else None,
+                          signum=-code if code < 0 else None))
     return end
 
 
@@ -441,6 +449,11 @@ def _choose(matches: list[_Match], lines: list[_Line], steps: _Steps) -> tuple[_
         if chosen.cls in c.overrides and c.priority <= CAUSE:
             chosen = c
             break
+    if chosen.cls in _PEER_REACTIONS:  # a peer's lost connection vs. the worker torchrun saw die first
+        crashed = next((c for c in candidates if c.signum in _HARD_CRASH_SIGNALS
+                        and (chosen.rank is None or c.rank is None or c.rank != chosen.rank)), None)
+        if crashed is not None:
+            chosen = crashed
     return chosen, [c for c in candidates if c is not chosen]
 
 
