@@ -355,3 +355,15 @@ def test_dry_run_plans_without_running(gpu_run: Path) -> None:
     assert plan["checkpoint_step"] == 10 and plan["failure_step"] == 12 and plan["stop_at_step"] == 10 + 2 + 20
     assert not Path(plan["scratch"]).exists()
     assert FailureToDiagnose  # the plan's failure type is public
+
+
+def test_two_diagnoses_in_the_same_second_never_share_a_scratch_directory(tmp_path: Path) -> None:
+    from supervisor.diagnose import unused_path
+
+    first = tmp_path / "diagnose-1-20261201-182708"
+    assert unused_path(first) == first
+    first.mkdir()
+    second = unused_path(first)
+    assert second == tmp_path / "diagnose-1-20261201-182708-2" and not second.exists()
+    second.mkdir()
+    assert unused_path(first) == tmp_path / "diagnose-1-20261201-182708-3"
