@@ -153,13 +153,21 @@ def latest(events: Sequence[Event], name: str, **match: Any) -> Event | None:
     return None
 
 
-def unused_path(path: Path) -> Path:
+def unused_path(path: Path, *, claim: bool = False) -> Path:
     """``path``, or ``path-2``, ``path-3``...: two diagnoses started in the same second never share
-    a scratch directory (the second would read the first's checkpoints and log)."""
+    a scratch directory (the second would read the first's checkpoints and log). ``claim`` creates
+    it (mkdir is atomic: of two diagnoses racing for a name, one gets the next)."""
     candidate, n = path, 2
-    while candidate.exists():
+    while True:
+        if claim:
+            try:
+                candidate.mkdir(parents=True)
+                return candidate
+            except FileExistsError:
+                pass
+        elif not candidate.exists():
+            return candidate
         candidate, n = path.with_name(f"{path.name}-{n}"), n + 1
-    return candidate
 
 
 def redirect_checkpoint_args(argv: Sequence[str], ckpt_dir: str, scratch_ckpt: str,
@@ -870,7 +878,8 @@ def diagnose(run_dir: Path, *, attempt: int | None = None, max_seconds: float = 
     run_start = latest(events, "run_start")
     ckpt_dir = str((run_start.get("checkpoint_dir") if run_start else "") or "")
     if scratch is None:
-        scratch = unused_path(paths.supervisor_dir / f"diagnose-{failure.attempt}-{time.strftime('%Y%m%d-%H%M%S')}")
+        scratch = unused_path(paths.supervisor_dir / f"diagnose-{failure.attempt}-{time.strftime('%Y%m%d-%H%M%S')}",
+                              claim=not dry_run)
     scratch = scratch.absolute()
     if ckpt_dir and (scratch == Path(ckpt_dir) or Path(ckpt_dir) in scratch.parents):
         scratch = Path(tempfile.mkdtemp(prefix="supervise-diagnose-"))  # never inside the checkpoints

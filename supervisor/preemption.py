@@ -219,7 +219,7 @@ def notice_for(
     deadline = deadline_for(received_at, job, default_grace, signal_name=signal_name,
                             time_limit_warning=time_limit_warning if is_warning else None,
                             horizon=math.inf if is_warning else None,
-                            cluster_grace=None if is_warning else cluster_grace)
+                            cluster_grace=None if source == "time_limit" else cluster_grace)
     grace = None
     if preempt_time is not None and end_time is not None:
         grace = max(end_time - preempt_time, 0.0)

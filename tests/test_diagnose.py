@@ -367,3 +367,6 @@ def test_two_diagnoses_in_the_same_second_never_share_a_scratch_directory(tmp_pa
     assert second == tmp_path / "diagnose-1-20261201-182708-2" and not second.exists()
     second.mkdir()
     assert unused_path(first) == tmp_path / "diagnose-1-20261201-182708-3"
+    claimed = unused_path(first, claim=True)  # a real run takes the name by creating it
+    assert claimed == tmp_path / "diagnose-1-20261201-182708-3" and claimed.is_dir()
+    assert unused_path(first, claim=True) == tmp_path / "diagnose-1-20261201-182708-4"

@@ -931,3 +931,25 @@ def test_cli_classify_names_the_node_a_requeue_keeps_away_from_and_says_a_finish
     assert "class:    completed" in done.stdout and "action:   none" in done.stdout
     assert json.loads(_invoke("classify", str(LOGS / "lightning_max_steps_reached_then_killed.log"), "--signal",
                               "KILL", "--json").stdout)["action"] == "stop"  # JSON keeps the policy's action
+
+
+def _torchrun_real_with(line: str) -> str:
+    """The real gloo log (rank 1 segfaults, torchrun names it the root cause) with rank 0's
+    ``Connection reset by peer`` line replaced by ``line``."""
+    text = _read("cpu_real_torchrun_gloo_reset_after_rank_sigsegv.log")
+    gloo = next(ln for ln in text.splitlines() if "Connection reset by peer" in ln)
+    return text.replace(gloo, line)
+
+
+def test_a_peers_lost_connection_yields_to_the_worker_torchrun_saw_die_first_but_a_fabric_error_does_not():
+    assert classify(1, None, _read("cpu_real_torchrun_gloo_reset_after_rank_sigsegv.log")).cls == FC.NATIVE_CRASH
+    timeout = ("[rank0]:[E ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
+               "WorkNCCL(SeqNum=7, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.")
+    assert classify(1, None, _torchrun_real_with(timeout)).cls == FC.NATIVE_CRASH  # rank 0 waited on dead rank 1
+    # A fabric error is never a peer's reaction: the node's link failed, whoever died after it.
+    fabric = ("[rank0]: NET/IB : Got completion from peer 10.216.210.241<54862> with status=12 opcode=0 len=0 "
+              "vendor err 129 (Recv)")
+    assert classify(1, None, _torchrun_real_with(fabric)).cls == FC.INTERCONNECT
+    # Without rank prefixes nothing says the lost peer was another rank: the order decides as before.
+    unnamed = _read("cpu_real_torchrun_gloo_reset_after_rank_sigsegv.log").replace("[rank0]: ", "")
+    assert classify(1, None, unnamed).cls == FC.NCCL_ERROR

@@ -109,6 +109,9 @@ def test_a_record_that_does_not_show_the_preemption_yet_is_planned_with_the_conf
     notice, d = notice_for("signal", T0, warned, 30.0, signal_name="USR1", time_limit_signal="USR1",
                            cluster_grace=four)
     assert notice.source == "time_limit" and d.at == T0 + 340  # a time limit is not a preemption
+    ended = parse_scontrol_job(scontrol_line(start=T0 - 3600, end=T0 - 1, preempt=None))  # the limit itself
+    notice, d = notice_for("signal", T0, ended, 30.0, signal_name="TERM", cluster_grace=four)
+    assert notice.source == "time_limit" and d.source == "default_grace"  # KillWait, not a preemption's grace
 
 
 def test_time_limit_warning_plans_for_end_time() -> None:

@@ -237,3 +237,20 @@ def test_emergency_save_then_stop(tmp_path: Path) -> None:
     saves = events_named(w["run_dir"], "save_end")
     assert saves and saves[0]["step"] == 10
     assert w["starter"].children[0].signals[0][1] == TERM
+
+
+def test_the_failure_step_is_not_moved_back_by_how_stdout_and_stderr_interleave(tmp_path: Path) -> None:
+    # The child prints "step 12" on stdout, then its traceback on stderr; read by two threads, the
+    # traceback can reach the tail first and the classifier alone would say step 11 (seen in
+    # tests/test_diagnose.py under load). A crash that recurs at step 12 must read 12 every time.
+    from supervisor.run.judge import failure_step
+
+    assert failure_step(11, 12) == 12 and failure_step(12, 12) == 12
+    assert failure_step(None, 12) == 12 and failure_step(7, None) == 7 and failure_step(None, None) is None
+    error = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    script = ChildScript([*[(0.1 * i, "line", f"step {i}") for i in range(1, 12)],  # the tail as it was read
+                          (1.15, "line", error), (1.2, "line", "step 12"), (1.3, "exit", 1)])
+    runner, w = make(tmp_path, [script], sets=("policy.illegal_memory_access.action=stop",))
+    runner.run()
+    failure = events_named(w["run_dir"], "failure")[0]
+    assert failure["class"] == "illegal_memory_access" and failure["step"] == 12 and failure["last_step"] == 12

@@ -49,3 +49,63 @@ def test_notice_is_acted_on_at_once_while_scontrol_hangs(tmp_path: Path) -> None
     assert emergency[0]["ts"] < notice["deadline"]  # saved inside the grace, not after it
     end = events_named(run_dir, "attempt_end")[0]
     assert end["class"] == "preempted" and end["last_durable_step"] == emergency[0]["step"]
+
+
+class _Backend:
+    """What BackgroundSlurm calls (a backend whose configuration reads fail at first or hang)."""
+
+    def __init__(self, grace_answers: list) -> None:
+        self.grace_answers, self.grace_calls = grace_answers, 0
+
+    def job_info(self, job_id: str):
+        from supervisor.slurm.parse import JobInfo
+        return JobInfo(job_id=int(job_id), state="RUNNING", partition="extra")
+
+    def preemption_grace(self, info):
+        self.grace_calls += 1
+        answer = self.grace_answers.pop(0) if self.grace_answers else None
+        if isinstance(answer, Exception):
+            raise answer
+        if answer == "hang":
+            import time
+            time.sleep(30.0)
+            return None
+        return answer
+
+
+def test_the_configured_grace_is_read_again_after_a_busy_controller_fails_the_first_read() -> None:
+    from supervisor.errors import SlurmError
+    from supervisor.run.seams import BackgroundSlurm
+    from supervisor.slurm.grace import ClusterGrace
+
+    four = ClusterGrace(4.0, "partition extra GraceTime")
+    backend = _Backend([SlurmError(["scontrol", "show", "config"], "Socket timed out"), four])
+    view = BackgroundSlurm("7", lambda: backend)
+    assert view.job_info_now(5.0) is not None
+    _wait_for(lambda: backend.grace_calls == 1)
+    assert view.grace() is None  # the first read failed: nothing learned yet, the default stays
+    view.job_info_now(5.0)
+    _wait_for(lambda: view.grace() == four)
+    view.job_info_now(5.0)
+    assert backend.grace_calls == 2  # answered: never asked again
+
+
+def test_a_hanging_grace_read_never_delays_the_job_record() -> None:
+    from supervisor.run.seams import BackgroundSlurm
+
+    backend = _Backend(["hang"])
+    view = BackgroundSlurm("7", lambda: backend)
+    view.job_info_now(5.0)
+    _wait_for(lambda: backend.grace_calls == 1)
+    import time
+    started = time.monotonic()
+    assert view.job_info_now(20.0) is not None  # answered while the grace read still hangs (30 s)
+    assert time.monotonic() - started < 20.0 and backend.grace_calls == 1
+
+
+def _wait_for(predicate, timeout: float = 5.0) -> None:
+    import time
+    end = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.01)

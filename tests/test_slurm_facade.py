@@ -632,6 +632,15 @@ def test_which_configured_grace_applies_follows_the_preempt_plugin() -> None:
     assert grace_from("preempt/qos", "extra", "4", "scavenger", None) is None  # no accounting answer
     assert grace_from("preempt/partition_prio", "extra", "soon", None, None) is None
     assert grace_from(None, None, None, None, None) is None
+    # No grace period to plan with: Slurm's default GraceTime=0 (the kill comes after KillWait and
+    # the record shows it at once), or a partition/QOS that is never preempted or only suspended.
+    assert grace_from("preempt/partition_prio", "extra", "0", None, None) is None
+    assert grace_from("preempt/qos", "extra", None, "normal", "00:00:00") is None
+    assert grace_from("preempt/partition_prio", "own", "60", None, None, preempt_mode="REQUEUE",
+                      partition_mode="OFF") is None
+    assert grace_from("preempt/partition_prio", "extra", "60", None, None, preempt_mode="SUSPEND,GANG") is None
+    assert grace_from("preempt/qos", "extra", None, "scavenger", "120", preempt_mode="REQUEUE",
+                      qos_mode="requeue").seconds == 120.0
 
 
 def test_cli_backend_reads_the_grace_of_the_jobs_partition_or_qos(tmp_path: Path) -> None:
@@ -646,8 +655,11 @@ def test_cli_backend_reads_the_grace_of_the_jobs_partition_or_qos(tmp_path: Path
         make_command(bin_dir, "scontrol", f"""case "$*" in
   "show config") printf 'Configuration data as of 2026-12-01T10:00:00\\nPreemptMode             = REQUEUE\\nPreemptType             = {plugin}\\n' ;;
   "show partition -o extra") echo "PartitionName=extra AllowGroups=ALL Default=YES GraceTime=4 Hidden=NO PreemptMode=REQUEUE" ;;
+  "show partition -o own") echo "PartitionName=own AllowGroups=ALL Default=NO GraceTime=4 Hidden=NO PreemptMode=OFF" ;;
   *) echo "unexpected: $*" >&2; exit 1 ;;
 esac
 """)
-        make_command(bin_dir, "sacctmgr", 'echo "00:01:30"\n')
+        make_command(bin_dir, "sacctmgr", 'echo "00:01:30|requeue"\n')
         assert SlurmCli(env={"PATH": str(bin_dir)}).preemption_grace(info) == expected, plugin
+    own = parse_scontrol_job("JobId=8 JobName=t JobState=RUNNING Partition=own QOS=normal")
+    assert SlurmCli(env={"PATH": str(tmp_path / "preempt_partition_prio")}).preemption_grace(own) is None

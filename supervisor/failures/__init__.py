@@ -26,9 +26,9 @@ How the first failure is found (the table :data:`DEFAULT_PATTERNS` holds the evi
 * A few causes *override* others wherever they appear: a device-side assert beats the illegal memory
   access it provokes; a full ``/dev/shm`` beats the bus error it raises; a GPU hardware fault (ECC,
   Xid, fallen off the bus) beats the CUDA, NCCL and network errors it causes. And a worker that
-  torchrun's summary names as the first to fail, dead of SIGSEGV/SIGBUS/SIGILL/SIGFPE, beats the
-  ``Connection reset by peer`` or NCCL lost-peer errors of the other ranks, printed earlier in the
-  output only because the survivors noticed first (a lost connection cannot cause a segfault).
+  torchrun's summary names as the first to fail, dead of SIGSEGV/SIGBUS/SIGILL/SIGFPE, beats another
+  rank's ``Connection reset by peer`` or NCCL lost-peer/timeout error (both ranks named), printed
+  earlier only because the survivor noticed first; a fabric error (InfiniBand, UCX, EFA) still wins.
 * A Python traceback counts by its final exception line: the root cause of a chain is printed
   first. A traceback after which training went on (later step reports) was not fatal and is ignored;
   so is *transient* evidence (an InfiniBand port flap, a network plugin that fell back to sockets).

@@ -118,6 +118,9 @@ class FailurePattern:
     # A launcher's report of how one child died (torchrun, mpirun, ...): it says how and where, not
     # why, so after a generic line (``Segmentation fault``) it only adds the rank and node.
     child_report: bool = False
+    # A survivor's reaction to a peer that went away (connection reset, remote process exited, a
+    # collective timed out): not a cause when the launcher names another rank that died first.
+    peer_reaction: bool = False
 
     def resolve(self, match: re.Match[str]) -> FailureClass | None:
         return self.cls if isinstance(self.cls, FailureClass) else self.cls(match)
@@ -200,12 +203,13 @@ TORCHRUN_SUMMARY_OOM_LABEL = f"torchrun summary: the root-cause worker was {_OOM
 
 def _p(cls: FailureClass | Resolver, regex: str, priority: int, label: str, needles: tuple[str, ...], *,
        ignore_case: bool = False, generic: bool = False, transient: bool = False,
-       overrides: frozenset[FailureClass] = frozenset(), oom_label: str | None = None) -> FailurePattern:
+       overrides: frozenset[FailureClass] = frozenset(), oom_label: str | None = None,
+       peer_reaction: bool = False) -> FailurePattern:
     """One row; ``oom_label`` marks a launcher's report of a child's death (its SIGKILL is host_oom)."""
     return FailurePattern(cls, re.compile(regex, re.IGNORECASE if ignore_case else 0), priority, label,
                           generic=generic, overrides=overrides, needles=needles, transient=transient,
                           class_labels=((FC.HOST_OOM, oom_label),) if oom_label else (),
-                          child_report=oom_label is not None)
+                          child_report=oom_label is not None, peer_reaction=peer_reaction)
 
 
 # Order matters only between patterns that match the same line (see scan._best_match).
@@ -376,11 +380,11 @@ DEFAULT_PATTERNS: tuple[FailurePattern, ...] = (
                       r"|NET/Socket\s*:.*Connection closed by remote peer",
        CONSEQUENCE, "NCCL timeout or lost peer",
        ("watchdog", "some nccl operations", "avoid data inconsistency", "ncclremoteerror", "remote process exited",
-        "communicator was aborted", "heartbeat monitor", "connection closed by remote peer")),
+        "communicator was aborted", "heartbeat monitor", "connection closed by remote peer"), peer_reaction=True),
     _p(FC.NCCL_ERROR, r"(?:DistNetworkError|DistStoreError|TCPStore|c10d|gloo).*(?:Connection reset by peer"
                       r"|Connection closed by peer|Broken pipe|Connection refused|timed out)",
        CONSEQUENCE, "distributed peer lost", ("distnetworkerror", "diststoreerror", "tcpstore", "c10d", "gloo"),
-       ignore_case=True),
+       ignore_case=True, peer_reaction=True),
     # Launchers reporting how one child died (the child's own output, if any, is a cause elsewhere).
     _p(_by_launcher_signal, r"Signal (?P<sig>\d+) \(SIG\w+\) received by PID", CONSEQUENCE,
        "torchrun: a worker died of a signal", ("received by pid",),

@@ -87,10 +87,10 @@ class _Match:
     signum: int | None = None  # a launcher's summary: the signal its root-cause worker died of
 
 
-# A worker that died of one of these cannot have been killed by a lost connection: when the
-# launcher names it as the first failure, the peers' network errors are their reaction to it.
+# A worker that died of one of these was not ended by a peer going away: when the launcher names
+# it as the first failure, another rank's "connection reset" or collective timeout is that rank
+# noticing the death (FailurePattern.peer_reaction). A fabric error is never such a reaction.
 _HARD_CRASH_SIGNALS = frozenset({11, 7, 4, 8})  # SIGSEGV, SIGBUS, SIGILL, SIGFPE
-_PEER_REACTIONS = frozenset({FC.NCCL_ERROR, FC.INTERCONNECT})
 
 
 def _split_lines(text: str) -> list[_Line]:
@@ -449,10 +449,10 @@ def _choose(matches: list[_Match], lines: list[_Line], steps: _Steps) -> tuple[_
         if chosen.cls in c.overrides and c.priority <= CAUSE:
             chosen = c
             break
-    if chosen.cls in _PEER_REACTIONS:  # a peer's lost connection vs. the worker torchrun saw die first
+    if chosen.pattern is not None and chosen.pattern.peer_reaction and chosen.rank is not None:
         crashed = next((c for c in candidates if c.signum in _HARD_CRASH_SIGNALS
-                        and (chosen.rank is None or c.rank is None or c.rank != chosen.rank)), None)
-        if crashed is not None:
+                        and c.rank is not None and c.rank != chosen.rank), None)
+        if crashed is not None:  # another rank's lost peer vs. the worker torchrun saw die first
             chosen = crashed
     return chosen, [c for c in candidates if c is not chosen]
 

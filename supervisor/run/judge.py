@@ -115,3 +115,14 @@ def judge_attempt(failure: Failure, facts: AttemptFacts, history: Sequence[Any],
         return AttemptVerdict(cls, failure, RunOutcome.REQUEUE, ExitCode.REQUEUE, decision.reason, decision, verdict)
     return AttemptVerdict(cls, failure, RunOutcome.STOPPED, child_status, decision.reason, decision, verdict,
                           stopped_by=getattr(decision, "stopped_by", None) or f"policy.{cls.value}")
+
+
+def failure_step(classified: int | None, last_seen: int | None) -> int | None:
+    """The step an attempt failed at: the later of the step the classifier read before the first
+    error and the last step the attempt reported. The child's stdout and stderr are two pipes read
+    by two threads, so the error's traceback can land in the tail before the last step line that was
+    printed first; the classifier then reads one step too early, and a crash that recurs at the same
+    step would look like it moved (the budget's "same failure step" check)."""
+    if classified is None or last_seen is None:
+        return classified if classified is not None else last_seen
+    return max(classified, last_seen)

@@ -37,7 +37,7 @@ from ..states import Action, FailureClass, RunOutcome
 from . import notice as notices
 from .attempt import AttemptState
 from .context import RunContext
-from .judge import AttemptFacts, AttemptVerdict, judge_attempt
+from .judge import AttemptFacts, AttemptVerdict, failure_step, judge_attempt
 from .layout import child_plan, layout_for
 from .monitor import monitor
 from .node_health import note_failure, with_ledger_exclusions
@@ -313,7 +313,7 @@ class Runner:
         action = Action.STOP if verdict.outcome in (RunOutcome.STOPPED, RunOutcome.INTERRUPTED) else verdict.action
         ctx.emit(Ev.FAILURE, attempt=state.attempt, action=(action or Action.STOP).value,
                  evidence=list(failure.evidence), context=list(failure.context),
-                 step=failure.step if failure.step is not None else state.last_step, last_step=state.last_step,
+                 step=failure_step(failure.step, state.last_step), last_step=state.last_step,
                  last_durable_step=state.last_durable_step, node=failure.node or ctx.host, rank=failure.rank,
                  exit_code=exit_.exit_code, signal=exit_.signal_name, reason=eff.reason,
                  **{"class": verdict.cls.value, "classified_as": failure.cls.value})

@@ -179,6 +179,9 @@ class InboxWaker:
         self._inbox.wait(timeout)
 
 
+GRACE_TRIES = 5  # reads of the configured grace before the default grace is kept for the run
+
+
 @dataclass
 class _Answer:
     info: Any | None
@@ -204,7 +207,8 @@ class BackgroundSlurm:
         self._done = threading.Event()
         self._version: tuple[int, ...] | None = None
         self._grace: ClusterGrace | None = None
-        self._grace_asked = False
+        self._grace_known = False  # answered (a grace, or "none applies")
+        self._grace_tries = 0
 
     def _get_backend(self) -> Any:
         if self._backend is None:
@@ -222,21 +226,26 @@ class BackgroundSlurm:
                 self._latest = _Answer(info, time.monotonic())
         self._busy.clear()
         self._done.set()
-        if info is not None and not self._grace_asked:
+        if info is not None:
             self._learn_grace(info)
 
     def _learn_grace(self, info: Any) -> None:
-        """Once per run, after the first record: the GraceTime a preemption would give
-        (slurm/grace.py), so a notice that outruns the job record is still planned right."""
-        self._grace_asked = True
+        """After a job record, until Slurm has answered (at most GRACE_TRIES tries): the GraceTime
+        a preemption would give (slurm/grace.py), so a notice that outruns the job record is still
+        planned right. Runs on the query thread after its answer is out, so it never delays a job
+        record; the tries are counted under the lock (a later query may overlap this one)."""
+        with self._lock:
+            if self._grace_known or self._grace_tries >= GRACE_TRIES:
+                return
+            self._grace_tries += 1
         try:
             probe = getattr(self._get_backend(), "preemption_grace", None)
             grace = probe(info) if callable(probe) else None
-        except Exception as exc:
+        except Exception as exc:  # a busy controller: the next record's query tries again
             log.info("cannot read the preemption grace from the Slurm configuration: %s", exc)
             return
         with self._lock:
-            self._grace = grace
+            self._grace, self._grace_known = grace, True
         if grace is not None:
             log.info("slurm: a preemption would give %.0f s of grace (%s)", grace.seconds, grace.source)
 

@@ -216,19 +216,23 @@ class SlurmCli:
 
     def preemption_grace(self, info: JobInfo) -> ClusterGrace | None:
         """The GraceTime Slurm would give this job if preempted (the partition's or the QOS's, by
-        the preempt plugin); None when the cluster does not preempt or it cannot be read."""
+        the preempt plugin); None when the cluster gives it none or it cannot be read."""
         config = self.run(["scontrol", "show", "config"])
-        preempt_type = next((line.split("=", 1)[1].strip() for line in config.splitlines()
-                             if line.split("=", 1)[0].strip() == "PreemptType" and "=" in line), None)
-        partition_grace = qos_grace = None
-        plugin = (preempt_type or "").lower()
+        settings = {key.strip(): value.strip() for key, _, value in
+                    (line.partition("=") for line in config.splitlines() if "=" in line)}
+        plugin = settings.get("PreemptType", "").lower()
+        partition_grace = qos_grace = partition_mode = qos_mode = None
         if plugin.endswith("partition_prio") and info.partition and _NODE_NAME.match(info.partition):
             text = self.run(["scontrol", "show", "partition", "-o", info.partition])
-            partition_grace = parse_fields(text.splitlines()[0]).get("GraceTime") if text.strip() else None
+            fields = parse_fields(text.splitlines()[0]) if text.strip() else {}
+            partition_grace, partition_mode = fields.get("GraceTime"), fields.get("PreemptMode")
         elif plugin.endswith("/qos") and info.qos and _NODE_NAME.match(info.qos):
-            out = self.run(["sacctmgr", "-n", "-P", "show", "qos", info.qos, "format=GraceTime"])
-            qos_grace = next((line.strip() for line in out.splitlines() if line.strip()), None)
-        return grace_from(preempt_type, info.partition, partition_grace, info.qos, qos_grace)
+            out = self.run(["sacctmgr", "-n", "-P", "show", "qos", info.qos, "format=GraceTime,PreemptMode"])
+            row = next((line.strip() for line in out.splitlines() if line.strip()), "")
+            qos_grace, _, qos_mode = row.partition("|")
+        return grace_from(settings.get("PreemptType"), info.partition, partition_grace, info.qos, qos_grace,
+                          preempt_mode=settings.get("PreemptMode"), partition_mode=partition_mode,
+                          qos_mode=qos_mode)
 
     def queue_state(self, job_id: int | str) -> str | None:
         """JobState from squeue (e.g. RUNNING, PENDING, COMPLETED); None once Slurm forgot the job."""

@@ -32,19 +32,33 @@ class ClusterGrace:
 
 
 def grace_from(preempt_type: str | None, partition: str | None, partition_grace: str | None,
-               qos: str | None, qos_grace: str | None) -> ClusterGrace | None:
-    """Which configured GraceTime applies to the job; None when it cannot be known.
+               qos: str | None, qos_grace: str | None, *, preempt_mode: str | None = None,
+               partition_mode: str | None = None, qos_mode: str | None = None) -> ClusterGrace | None:
+    """Which configured GraceTime applies to the job; None when there is none to plan with.
 
     ``partition_grace`` is the partition's ``GraceTime`` as ``scontrol show partition`` prints it
-    (seconds), ``qos_grace`` the QOS's as ``sacctmgr`` prints it (``[D-]HH:MM:SS`` or seconds)."""
+    (seconds), ``qos_grace`` the QOS's as ``sacctmgr`` prints it (``[D-]HH:MM:SS`` or seconds). The
+    modes are the cluster's ``PreemptMode`` and the partition's or QOS's own (which win when set).
+
+    None also when the job's preemption gives no grace period: ``PreemptMode`` OFF (nothing is
+    preempted: a SIGTERM is a person's or the time limit's), SUSPEND (SIGTSTP, no grace), or a
+    GraceTime of 0 (Slurm's default: the kill follows after KillWait, and the job record shows the
+    moment at once, so the record decides as before).
+    """
     plugin = (preempt_type or "").strip().lower()
     if plugin.endswith("partition_prio"):
-        seconds = _seconds(partition_grace)
-        return ClusterGrace(seconds, f"partition {partition} GraceTime") if seconds is not None else None
-    if plugin.endswith("/qos"):
-        seconds = _seconds(qos_grace)
-        return ClusterGrace(seconds, f"QOS {qos} GraceTime") if seconds is not None else None
-    return None
+        seconds, mode, source = _seconds(partition_grace), partition_mode, f"partition {partition} GraceTime"
+    elif plugin.endswith("/qos"):
+        seconds, mode, source = _seconds(qos_grace), qos_mode, f"QOS {qos} GraceTime"
+    else:
+        return None
+    effective = (mode or "").strip() or (preempt_mode or "").strip()
+    words = {w.strip().upper() for w in effective.replace(",", " ").split()}
+    if words & {"OFF", "SUSPEND"}:
+        return None
+    if seconds is None or seconds <= 0:
+        return None
+    return ClusterGrace(seconds, source)
 
 
 def _seconds(text: str | None) -> float | None:
