@@ -1,6 +1,6 @@
-"""DeepSpeed for real (where ``pip install deepspeed`` works: it does on CPU with torch 2.13 and
-deepspeed 0.19.8; CI does not install it, so these skip there and tests/test_sharded_dcp.py checks
-the on-disk layout with hand-built tags). Two ranks under ``torchrun``, gloo, DeepSpeed's CPU
+"""DeepSpeed for real (``pip install deepspeed`` works on CPU with torch 2.13 and deepspeed 0.19.8;
+the ``test`` extra installs it, so CI runs these; tests/test_sharded_dcp.py also checks the on-disk
+layout with hand-built tags). Two ranks under ``torchrun``, gloo, DeepSpeed's CPU
 accelerator, a real ``DeepSpeedEngine`` with ZeRO stage 2 and 3:
 
 * ``supervisor.integrations.deepspeed.save_checkpoint`` commits each tag atomically and writes

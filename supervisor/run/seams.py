@@ -209,6 +209,7 @@ class BackgroundSlurm:
         self._grace: ClusterGrace | None = None
         self._grace_known = False  # answered (a grace, or "none applies")
         self._grace_tries = 0
+        self._grace_reading = False  # one read at a time, however many record queries overlap it
 
     def _get_backend(self) -> Any:
         if self._backend is None:
@@ -233,19 +234,22 @@ class BackgroundSlurm:
         """After a job record, until Slurm has answered (at most GRACE_TRIES tries): the GraceTime
         a preemption would give (slurm/grace.py), so a notice that outruns the job record is still
         planned right. Runs on the query thread after its answer is out, so it never delays a job
-        record; the tries are counted under the lock (a later query may overlap this one)."""
+        record; a later query that overlaps a read in progress leaves it alone."""
         with self._lock:
-            if self._grace_known or self._grace_tries >= GRACE_TRIES:
+            if self._grace_known or self._grace_reading or self._grace_tries >= GRACE_TRIES:
                 return
             self._grace_tries += 1
+            self._grace_reading = True
         try:
             probe = getattr(self._get_backend(), "preemption_grace", None)
             grace = probe(info) if callable(probe) else None
         except Exception as exc:  # a busy controller: the next record's query tries again
             log.info("cannot read the preemption grace from the Slurm configuration: %s", exc)
+            with self._lock:
+                self._grace_reading = False
             return
         with self._lock:
-            self._grace, self._grace_known = grace, True
+            self._grace, self._grace_known, self._grace_reading = grace, True, False
         if grace is not None:
             log.info("slurm: a preemption would give %.0f s of grace (%s)", grace.seconds, grace.source)
 
