@@ -36,9 +36,11 @@ def wait_file(path: Path, timeout: float = 30.0) -> Path:
 
 
 def step_that_traps_term(job_dir: Path) -> str:
-    """An srun step that marks its start, and on SIGTERM writes the time and exits 0."""
+    """An srun step that marks its start, and on SIGTERM writes the time and exits 0 (written
+    aside and renamed: a reader that sees the file never reads it empty)."""
     body = (
-        f'trap "date +%s.%N > {job_dir}/term.\\$SLURM_JOB_ID; echo STEP GOT TERM; exit 0" TERM; '
+        f'trap "date +%s.%N > {job_dir}/.term.\\$SLURM_JOB_ID && mv {job_dir}/.term.\\$SLURM_JOB_ID '
+        f'{job_dir}/term.\\$SLURM_JOB_ID; echo STEP GOT TERM; exit 0" TERM; '
         f"touch {job_dir}/started.$SLURM_JOB_ID; echo STEP STARTED; "
         "while true; do sleep 0.1; done"
     )
