@@ -65,7 +65,7 @@ def check_file(path: str, *, deep: bool = False, max_level: int = 3,
     allowed = allowed_for(name) if allowed is None else allowed
     with regular_fd(path) as (fd, st):
         size = st.st_size
-        if max_level < 2 and not deep and _torch_tail_ok(fd, size):
+        if max_level < 2 and not deep and torch_tail_ok(fd, size):
             # quick look (candidates older than the resume point): one read at the end of the file
             return valid(F.TORCH_ZIP, 1, "zip trailer intact (end of file only)")
         head = pread_exact(fd, F.HEAD_BYTES, 0)
@@ -87,14 +87,14 @@ def check_file(path: str, *, deep: bool = False, max_level: int = 3,
             return corrupt(F.ZEROED, 1, "zero-filled start (size kept, data never written)")
         if fmt == F.TEXT:
             return corrupt(F.TEXT, 1, _text_reason(head))
-        if _torch_tail_ok(fd, size):
+        if torch_tail_ok(fd, size):
             return corrupt(F.TORCH_ZIP, 1, "damaged start: the zip trailer is intact but the file does "
                                            f"not begin with a local header (first bytes {head[:8].hex()}); "
                                            "torch writes one at offset 0")
         return check_unknown(fd, size, head, allowed=allowed)
 
 
-def _torch_tail_ok(fd: int, size: int) -> bool:
+def torch_tail_ok(fd: int, size: int) -> bool:
     try:
         read_trailer(fd, 0, size, check_head=False)
     except ZipCheckError:

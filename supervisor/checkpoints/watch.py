@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 from ..sharded import MARKER, parse_aside_name
 from . import formats as F
+from .filecheck import torch_tail_ok
 from .fsio import regular_fd
-from .zipcheck import ZipCheckError, read_trailer
 from .naming import final_name_of_temp, has_checkpoint_suffix, is_temp_name, parse_name
 
 TRACKED_DIRS = 8  # besides new and "last" dirs, only the newest step dirs are walked each poll
@@ -224,12 +224,9 @@ def written_to_the_end(path: str) -> bool:
             head = os.pread(fd, F.HEAD_BYTES, 0)
             if F.sniff_bytes(head, os.path.basename(path)) != F.TORCH_ZIP:
                 return True
-            read_trailer(fd, 0, st.st_size, check_head=False)
-    except ZipCheckError:
-        return False
+            return torch_tail_ok(fd, st.st_size)
     except OSError:
         return True
-    return True
 
 
 def _size_of(path: str) -> int:
