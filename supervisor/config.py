@@ -51,11 +51,28 @@ class BudgetConfig:
     same_failure_limit: int | None = 3  # same class at the same step this many times: stop
     on_resume_mismatch: str = "stop"  # stop | warn: child started elsewhere than the resume point
     min_durable_progress: int = 1  # steps saved past its resume point for an attempt to count as progress
-    min_steps_per_failure: int | None = 50  # failure rate: the last failure_rate_window failures need
-    failure_rate_window: int = 5  # ... at least this many steps of durable progress each, on average
+    min_steps_per_failure: int | None = 50  # absolute failure rate: the last failure_rate_window failures
+    failure_rate_window: int = 5  # ... need at least this many steps of durable progress each, on average
+    min_kept_per_lost: float | None = None  # scale-free failure rate: over the last failure_rate_window failures,
+    # the steps kept (durable progress) must be at least this multiple of the steps lost
     max_requeues_without_progress: int | None = 3  # preemptions / time limits in a row that saved nothing new
     max_restarts_from_scratch: int | None = 0  # restarts from step 0 after a checkpoint was saved (only copy lost)
     results_check_crash_free_steps: int = 15000  # after a memory/device error: steps before a fix is believed
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """How checkpoints are judged and where their step comes from (docs/checkpoint-validation.md).
+
+    Integrity (structure, trailer, CRCs, a bounded inert scan) alone decides quarantine. Trust (which
+    classes a pickle names) is a separate note: a whole file naming the training's own classes stays
+    a resume candidate unless ``require_trusted`` is set; one naming a code-execution primitive
+    (``os.system``, ``builtins.eval``...) is hostile and never a resume point.
+    """
+
+    require_trusted: bool = False  # untrusted (names globals outside the allowlist) files are ineligible, untouched
+    safe_globals: tuple[str, ...] = ()  # extra trusted globals, "pkg.mod:Class"
+    step_from: str | None = None  # name:REGEX | key:NAME | log; None = the stated precedence
 
 
 @dataclass(frozen=True)
@@ -239,7 +256,8 @@ class SupervisorConfig:
     name: str | None = None
     run_dir: str | None = None  # default: ./runs/<name>
     checkpoint_dir: str | None = None  # default: <run_dir>/checkpoints
-    resume_arg: str | None = None  # e.g. "--ckpt_path {path}"; appended only when resuming
+    resume_arg: str | None = None  # appended only when resuming: "--ckpt_path {path}", "--init_from=resume", ...
+    resume_env: tuple[str, ...] = ()  # set only when resuming: "RESUME_FROM={path}" ({path}, {dir}, {step})
     step_regex: str | None = None  # None = the built-in patterns (supervisor.progress)
     quarantine: bool = True  # rename torn checkpoints aside before an attempt
     verify_resume_deep: bool = True  # CRC-check (L4) the chosen resume point
@@ -256,6 +274,7 @@ class SupervisorConfig:
     preflight: tuple[str, ...] = ()  # "gpu": run the GPU health check before each attempt
     policy: Mapping[FailureClass, ClassPolicy] = field(default_factory=lambda: dict(DEFAULT_POLICY))
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     preemption: PreemptionConfig = field(default_factory=PreemptionConfig)
     notify: NotifyConfig = field(default_factory=NotifyConfig)
     stall: StallConfig = field(default_factory=StallConfig)
@@ -454,8 +473,35 @@ def _build_policy(value: Any, key: str, source: str) -> dict[FailureClass, Class
 
 
 def _validate(cfg: SupervisorConfig) -> None:
-    if cfg.resume_arg is not None and "{path}" not in cfg.resume_arg:
-        raise ConfigError("resume_arg", cfg.resume_arg, "must contain {path}, e.g. '--ckpt_path {path}'")
+    if cfg.resume_arg is not None:
+        _check_placeholders("resume_arg", cfg.resume_arg)
+    for item in cfg.resume_env:
+        name, eq, template = item.partition("=")
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ConfigError("resume_env", item, "expected NAME=VALUE, e.g. RESUME_FROM={path}")
+        _check_placeholders("resume_env", template)
+    for item in cfg.checkpoint.safe_globals:
+        module, colon, qualname = item.partition(":")
+        if not colon or not module or not qualname or not all(
+                re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part) for part in (*module.split("."), *qualname.split("."))):
+            raise ConfigError("checkpoint.safe_globals", item, "expected MODULE:NAME, e.g. mypkg.config:TrainConfig")
+    step_from = cfg.checkpoint.step_from
+    if step_from is not None:
+        kind, _, arg = step_from.partition(":")
+        if kind == "log" and not arg:
+            pass
+        elif kind == "key" and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", arg):
+            pass
+        elif kind == "name" and arg:
+            try:
+                compiled = re.compile(arg)
+            except re.error as exc:
+                raise ConfigError("checkpoint.step_from", step_from, f"not a valid regular expression ({exc})") from None
+            if compiled.groups < 1:
+                raise ConfigError("checkpoint.step_from", step_from, "name:REGEX needs one capture group for the step")
+        else:
+            raise ConfigError("checkpoint.step_from", step_from,
+                              "expected name:REGEX (with one group), key:NAME (e.g. key:iter_num) or log")
     if cfg.step_regex is not None:
         try:
             compiled = re.compile(cfg.step_regex)
@@ -484,6 +530,19 @@ def _validate(cfg: SupervisorConfig) -> None:
         raise ConfigError("tail_bytes", cfg.tail_bytes, "expected at least 4096")
     if cfg.max_line_bytes < 256:
         raise ConfigError("max_line_bytes", cfg.max_line_bytes, "expected at least 256")
+
+
+_PLACEHOLDERS = ("{path}", "{dir}", "{step}")
+
+
+def _check_placeholders(key: str, template: str) -> None:
+    """``{path}``, ``{dir}`` and ``{step}`` are filled in when resuming; any other brace is a typo."""
+    rest = template
+    for ph in _PLACEHOLDERS:
+        rest = rest.replace(ph, "")
+    if "{" in rest or "}" in rest:
+        raise ConfigError(key, template, "placeholders allowed: {path}, {dir}, {step} (or none: a fixed flag "
+                                         "such as --init_from=resume, given only when resuming)")
 
 
 class _StrictLoader(yaml.SafeLoader):
