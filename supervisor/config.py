@@ -496,7 +496,8 @@ def _validate(cfg: SupervisorConfig) -> None:
             try:
                 compiled = re.compile(arg)
             except re.error as exc:
-                raise ConfigError("checkpoint.step_from", step_from, f"not a valid regular expression ({exc})") from None
+                raise ConfigError("checkpoint.step_from", step_from,
+                                  f"not a valid regular expression ({exc})") from None
             if compiled.groups < 1:
                 raise ConfigError("checkpoint.step_from", step_from, "name:REGEX needs one capture group for the step")
         else:
