@@ -285,6 +285,25 @@ def _human_bytes(n: float) -> str:
     return f"{n:.1f} TB"  # pragma: no cover
 
 
+def save_sample(ev: Any) -> SaveSample | None:
+    """The sample a ``save_end`` event gives: successful saves with a positive duration only.
+
+    Failed saves do not predict a good one, and a duration of 0 is "not measured" (a watched save
+    first seen complete), not "instant".
+    """
+    if _name(ev) != "save_end" or _field(ev, "ok") is not True:
+        return None
+    duration = _field(ev, "duration")
+    if isinstance(duration, bool) or not isinstance(duration, (int, float)):
+        return None
+    if not (math.isfinite(duration) and duration > 0):
+        return None
+    nbytes = _field(ev, "bytes")
+    nbytes = nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes > 0 else None
+    ts = ev.get("ts") if isinstance(ev, dict) else getattr(ev, "ts", None)
+    return SaveSample(float(duration), nbytes, ts)
+
+
 class SaveHistory:
     """Durations (and sizes) of the run's successful saves, to predict the next one.
 
@@ -304,25 +323,18 @@ class SaveHistory:
     @classmethod
     def from_events(cls, events: Iterable[Any], *, unknown_save_s: float = DEFAULT_UNKNOWN_SAVE_S,
                     window: int = DEFAULT_WINDOW) -> "SaveHistory":
-        """Successful ``save_end`` events with a positive duration, oldest first.
-
-        Failed saves do not predict a good one, and a duration of 0 is "not measured" (a watched
-        save first seen complete), not "instant".
-        """
-        samples = []
-        for ev in events:
-            if _name(ev) != "save_end" or _field(ev, "ok") is not True:
-                continue
-            duration = _field(ev, "duration")
-            if isinstance(duration, bool) or not isinstance(duration, (int, float)):
-                continue
-            if not (math.isfinite(duration) and duration > 0):
-                continue
-            nbytes = _field(ev, "bytes")
-            nbytes = nbytes if isinstance(nbytes, int) and not isinstance(nbytes, bool) and nbytes > 0 else None
-            ts = ev.get("ts") if isinstance(ev, dict) else getattr(ev, "ts", None)
-            samples.append(SaveSample(float(duration), nbytes, ts))
+        """Successful ``save_end`` events with a positive duration, oldest first (:func:`save_sample`)."""
+        samples = [sample for sample in map(save_sample, events) if sample is not None]
         return cls(samples, unknown_save_s=unknown_save_s, window=window)
+
+    def with_event(self, event: Any) -> "SaveHistory":
+        """This history with one more event applied: the loop keeps the history up to date as it
+        records saves, so a notice is arbitrated without reading the event log (its cost stays flat
+        however long the run has been going)."""
+        sample = save_sample(event)
+        if sample is None:
+            return self
+        return SaveHistory((*self.samples, sample), unknown_save_s=self.unknown_save_s, window=self.window)
 
     def __len__(self) -> int:
         return len(self.samples)

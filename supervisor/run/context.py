@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from ..config import SupervisorConfig
 from ..events import Ev, EventLog
 from ..notify import on_event
+from ..preemption import SaveHistory
 from ..signals import signal_number
 from ..slurm import SlurmEnv
 from .layout import RunLayout
@@ -40,6 +41,9 @@ class RunContext:
     stall: Any = None  # supervisor.stall.StallTimeout for the whole run (what it learned survives restarts)
     ledger: Any = None  # supervisor.nodes.NodeLedger, opened on first use
     ledger_writes: list[Any] = field(default_factory=list)  # background appends, joined (bounded) at teardown
+    # The run's save durations, seeded from the log once at start and kept up to date by emit(): a
+    # notice is arbitrated from memory, never by re-reading a log that grows with the run's age.
+    save_history: SaveHistory | None = None
 
     def __post_init__(self) -> None:
         if not self.notice_signals:
@@ -50,9 +54,12 @@ class RunContext:
         if self.events is None:
             return
         try:
-            self.events.emit(event, **fields)
+            recorded = self.events.emit(event, **fields)
         except Exception as exc:  # a full disk or a deleted run dir must not orphan the child
             log.error("could not record %s: %s", event.value, exc)
+        else:
+            if event is Ev.SAVE_END and self.save_history is not None:
+                self.save_history = self.save_history.with_event(recorded)
         notify = getattr(self.cfg, "notify", None)
         if notify is not None:
             on_event(notify, event.value, fields)  # returns at once, never raises
@@ -68,6 +75,17 @@ class RunContext:
             self.ledger_writes.append(self.ledger.append_in_background(record))
         except Exception as exc:  # noqa: BLE001 - the ledger is advice
             log.warning("node ledger: %s", exc)
+
+    def seed_save_history(self, events: list[Any]) -> None:
+        """Start the in-memory save history from the log read once at run start."""
+        self.save_history = SaveHistory.from_events(events, unknown_save_s=self.cfg.preemption.unknown_save_s)
+
+    def current_save_history(self) -> SaveHistory:
+        """The save history without reading the log (seeded here if the run start did not)."""
+        if self.save_history is None:
+            self.seed_save_history(self.read_events())
+        assert self.save_history is not None
+        return self.save_history
 
     def read_events(self) -> list[Any]:
         """The run's events so far, through the open log (events still waiting out a full disk

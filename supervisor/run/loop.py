@@ -179,6 +179,7 @@ class Runner:
     def _run_attempts(self) -> RunResult:
         ctx = self.ctx
         previous = ctx.read_events()
+        ctx.seed_save_history(previous)
         attempt_no = max((e.get("attempt") for e in previous if e.event == Ev.ATTEMPT_START.value
                           and isinstance(e.get("attempt"), int)), default=0)
         ctx.emit(Ev.RUN_START, name=ctx.layout.name, run_dir=str(self.paths.run_dir),

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..events import Ev
-from ..preemption import GUESSED_DEADLINES, Notice, SaveHistory, after_block, arbitrate, notice_for
+from ..preemption import GUESSED_DEADLINES, Notice, after_block, arbitrate, notice_for
 from ..slurm.stop_cause import StopCause, StopVerdict, stop_cause
 from ..states import FailureClass
 from .attempt import AttemptState
@@ -109,7 +109,7 @@ def on_notice(ctx: RunContext, child: Any, state: AttemptState, source: str, sig
     ctx.slurm.request_job_info()
     ctx.emit(Ev.NOTICE, attempt=state.attempt, deadline_source=deadline.source, deadline_past=deadline.past,
              reason=deadline.reason, **notice.to_event())
-    history = SaveHistory.from_events(ctx.read_events(), unknown_save_s=pcfg.unknown_save_s)
+    history = ctx.current_save_history()  # from memory: the notice path reads no file
     state.save_history = history
     durable = state.last_durable_step
     decision = arbitrate(now, deadline.at, pcfg.margin, state.in_flight, history,
