@@ -43,7 +43,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from .control import (
+from .control_wire import (
     KEY_ENV,
     LEGACY_KEY_ENV,
     MAX_DATAGRAM,

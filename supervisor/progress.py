@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from .control import MAX_STEP, valid_step
+from .control_wire import MAX_STEP, valid_step
 
 # Steps are bounded integers (MAX_STEP, the wire protocol's bound too): anything the loop computes
 # from them (rates, steps lost, float conversions) stays exact and can never overflow. Out-of-range

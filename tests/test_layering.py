@@ -1,6 +1,6 @@
 """Import layering, read from the source (AST), so the design the folder layout shows stays true.
 
-* The training side (``client``, ``control``'s wire format, ``integrations``, ``determinism``,
+* The training side (``client``, ``control_wire`` (the channel's wire format), ``integrations``, ``determinism``,
   ``checkpoints/atomic``, ``sharded``) runs inside the user's training process: it imports only the standard
   library, itself, and (lazily) the framework it serves. Never click, yaml, tenacity, filelock.
 * The supervisor's modules form layers: leaves < decisions < adapters < run < cli. A module may
@@ -16,7 +16,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "supervisor"
 
-TRAINING_SIDE = {"supervisor.client", "supervisor.control", "supervisor.determinism", "supervisor.checkpoints.atomic",
+TRAINING_SIDE = {"supervisor.client", "supervisor.control_wire", "supervisor.determinism", "supervisor.checkpoints.atomic",
                  "supervisor.integrations", "supervisor.integrations.lightning", "supervisor.integrations.hf",
                  "supervisor.sharded", "supervisor.integrations.dcp", "supervisor.integrations.deepspeed"}
 FRAMEWORKS = {"torch", "numpy", "lightning", "lightning_fabric", "pytorch_lightning", "transformers", "accelerate"}
@@ -27,7 +27,7 @@ LAYER_NAMES = ["leaves", "decisions", "adapters", "run", "cli"]
 # Modules not listed default to ADAPTERS (they do I/O); the lists name the exceptions.
 LEAF_MODULES = {
     "supervisor", "supervisor.states", "supervisor.errors", "supervisor.paths", "supervisor.signals",
-    "supervisor.events", "supervisor.progress", "supervisor.fields", "supervisor.control", "supervisor.checkpoints.fsio",
+    "supervisor.events", "supervisor.progress", "supervisor.fields", "supervisor.control_wire", "supervisor.checkpoints.fsio",
     "supervisor.slurm.version",
     "supervisor.checkpoints.naming", "supervisor.checkpoints.formats", "supervisor.checkpoints.outcome",
     "supervisor.checkpoints.limits", "supervisor.checkpoints.allowlist", "supervisor.slurm.env",

@@ -15,7 +15,7 @@ from typing import Any
 from ..checkpoints import DirWatcher
 from ..child import ChildExit
 from ..client import STACK_DUMP_SIGNAL
-from ..control import MAX_STEP, valid_step
+from ..control_wire import MAX_STEP, valid_step
 from ..errors import RunLockedError
 from ..events import Ev
 from ..nodes import record_loss_anomaly, record_slow_node

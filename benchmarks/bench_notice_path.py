@@ -1,0 +1,88 @@
+"""Notice-to-decision time as the run ages (results: docs/benchmarks.md).
+
+A real ``supervise run`` of a child that prints steps, started on a run directory whose event log
+already holds N earlier ``progress`` and ``save_end`` events (a long run's history); SIGTERM goes to the
+supervisor, and the time from its ``notice`` event to its ``arbitration`` event is read back from the
+log. Before the in-memory save history, that path re-read and parsed the whole log.
+
+    python benchmarks/bench_notice_path.py            # N = 0, 10,000, 100,000; 3 rounds each
+    python benchmarks/bench_notice_path.py --quick    # N = 0, 10,000; 1 round
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHILD = "import time\nfor i in range(100000):\n    print(f'step {i}', flush=True)\n    time.sleep(0.05)\n"
+
+
+def _prefill(events: Path, n: int) -> None:
+    """N old events: mostly progress, one failed save in ten (a failed save is history the arbitration
+    reads but that implies no checkpoint the resume audit would look for)."""
+    t0 = time.time() - 86400.0
+    with events.open("w") as f:
+        for i in range(n):
+            if i % 10 == 0:
+                rec = {"ts": t0 + i, "event": "save_end", "v": 1, "attempt": 1, "ok": False, "duration": 3.0,
+                       "path": f"/nonexistent/step-{i}.ckpt"}
+            else:
+                rec = {"ts": t0 + i, "event": "progress", "v": 1, "attempt": 1, "step": i, "rate": 2.0}
+            f.write(json.dumps(rec) + "\n")
+
+
+def one(n: int, repo: Path) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        (run / "supervisor").mkdir(parents=True)
+        _prefill(run / "supervisor" / "events.jsonl", n)
+        env = dict(os.environ, PYTHONPATH=str(repo))
+        env.pop("SLURM_JOB_ID", None)
+        proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--run-dir", str(run), "--",
+                                 sys.executable, "-c", CHILD], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        log = run / "supervisor" / "events.jsonl"
+        deadline = time.time() + 120
+        while time.time() < deadline:  # wait for the child's first progress in this run
+            if log.exists() and log.stat().st_size and '"attempt_start"' in log.read_text()[-200000:]:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        ts: dict[str, float] = {}
+        for line in log.read_text().splitlines()[n:]:
+            rec = json.loads(line)
+            if rec.get("event") in ("notice", "arbitration") and rec["event"] not in ts:
+                ts[rec["event"]] = rec["ts"]
+        return (ts["arbitration"] - ts["notice"]) * 1000.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repo", type=Path, default=REPO, help="the checkout to measure (default: this one)")
+    args = ap.parse_args()
+    sizes = (0, 10_000) if args.quick else (0, 10_000, 100_000)
+    rounds = 1 if args.quick else 3
+    print(f"# {platform.node()} {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, python {platform.python_version()}, "
+          f"{args.repo}")
+    print("| events before the notice | notice -> arbitration, ms (median of %d) | all rounds |" % rounds)
+    print("|---:|---:|---|")
+    for n in sizes:
+        times = sorted(one(n, args.repo) for _ in range(rounds))
+        print(f"| {n:,} | {times[len(times) // 2]:.1f} | {', '.join(f'{t:.1f}' for t in times)} |")
+
+
+if __name__ == "__main__":
+    main()
