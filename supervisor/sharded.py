@@ -45,9 +45,10 @@ after the rename into place, before the old is gone    the new ``<name>``    new
 A staging directory is never a resume candidate (its name is a temp name). ``<name>.old-<nonce>``
 is one: it is the old checkpoint under another name, ranked below ``<name>`` on equal steps.
 
-The supervisor side uses the same module: :func:`verify_commit` (the validator's marker check) and
-:func:`stale_staging` / :func:`remove_stale_staging`, called by the run loop at attempt start, when
-no writer of the run is alive. They only ever touch directories whose names match this module's
+The supervisor side reads the same marker through :mod:`supervisor.commit_marker`
+(:func:`verify_commit`, the validator's check) and settles what a crash left with
+:mod:`supervisor.checkpoints.staging` (:func:`remove_stale_staging`), called by the run loop at attempt
+start, when no writer of the run is alive. They only ever touch directories whose names match this module's
 own patterns (:func:`parse_staging_name`, :func:`parse_aside_name`), never follow a symlink, and
 never remove a committed checkpoint that is the only copy of its step.
 """
@@ -55,23 +56,40 @@ never remove a committed checkpoint that is the only copy of its step.
 from __future__ import annotations
 
 import contextlib
-import enum
 import hashlib
 import json
 import os
-import re
 import secrets
 import shutil
 import stat
 import threading
 import time
-import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checkpoints.atomic import fsync_dir
+from .commit_marker import (  # the marker's names and check: re-exported, callers know them from here
+    MARKER,
+    MARKER_KIND,
+    MARKER_VERSION,
+    NONCE_HEX,
+    RANK_NOTE_PREFIX,
+    VISIBILITY_TIMEOUT_S,
+    CommitCheck,
+    CommitError,
+    CommitState,
+    StagingName,
+    crc32_of,
+    is_own_file,
+    parse_aside_name,
+    parse_staging_name,
+    read_marker,
+    read_small,
+    verify_commit,
+    walk_tree,
+)
 
 if TYPE_CHECKING:  # annotations only
     from types import TracebackType
@@ -82,71 +100,16 @@ __all__ = [
     "CommitError",
     "CommitState",
     "DirCommit",
-    "StagingAction",
-    "StagingStep",
     "discard",
     "parse_aside_name",
     "parse_staging_name",
     "read_marker",
-    "remove_stale_staging",
     "saving_dir",
-    "stale_staging",
     "verify_commit",
 ]
 
-MARKER = ".supervisor-commit.json"
-MARKER_KIND = "slurm-supervisor/sharded-commit"
-MARKER_VERSION = 1
-RANK_NOTE_PREFIX = ".supervisor-rank-"
-_OWN_PREFIX = ".supervisor-"  # the marker, its temp file and the rank notes: never manifest entries
-MAX_MARKER_BYTES = 64 << 20  # a manifest of ~500k files; anything bigger is not ours
-MAX_MANIFEST_FILES = 500_000
-NONCE_HEX = 12
-VISIBILITY_TIMEOUT_S = 60.0  # how long rank 0 waits for other ranks' notes to show on a shared FS
-STALE_STAGING_S = 120.0  # a staging dir of an unknown writer unchanged this long is abandoned
-MTIME_AFTER_COMMIT_S = 60.0  # a file this much newer than the marker was written after the commit
-_CRC_CHUNK = 8 << 20
-
-_STAGING = re.compile(r"^(?P<name>.+)\.tmp-(?P<attempt>[0-9]{1,9})-(?P<nonce>[0-9a-f]{12})$", re.ASCII)
-_ASIDE = re.compile(r"^(?P<name>.+)\.old-(?P<nonce>[0-9a-f]{12})$", re.ASCII)
-
-
-class CommitError(RuntimeError):
-    """A directory save could not be committed (a rank never reported, the marker could not be
-    written, the target is in the way). The previous checkpoint is untouched."""
-
 
 # ------------------------------------------------------------------------------------ names
-
-
-@dataclass(frozen=True)
-class StagingName:
-    """``<name>.tmp-<attempt>-<nonce>``: where a directory save is written before its commit."""
-
-    final_name: str
-    attempt: int
-    nonce: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.final_name}.tmp-{self.attempt}-{self.nonce}"
-
-
-def parse_staging_name(name: str) -> StagingName | None:
-    """The parts of one of our staging directory names, else None. (The atomic single-file
-    writer's ``.<name>.tmp-<pid>-<8 hex>`` never matches: hidden, and 8 hex digits, not 12.)"""
-    match = _STAGING.match(name)
-    if match is None or name.startswith("."):
-        return None
-    return StagingName(match.group("name"), int(match.group("attempt")), match.group("nonce"))
-
-
-def parse_aside_name(name: str) -> tuple[str, str] | None:
-    """``<name>.old-<nonce>`` -> (name, nonce): an old checkpoint moved aside by a publish."""
-    match = _ASIDE.match(name)
-    if match is None or name.startswith("."):
-        return None
-    return match.group("name"), match.group("nonce")
 
 
 def _attempt_from_env(environ: Mapping[str, str]) -> int:
@@ -201,47 +164,18 @@ def agree_staging(final_name: str, step: int | None, *, rank: int, nonce: str | 
 # ------------------------------------------------------------------------------------ file system
 
 
-def _walk(root: Path, limit: int = MAX_MANIFEST_FILES) -> Iterator[tuple[str, os.stat_result]]:
-    """(relative path, lstat) of everything under ``root``; directories are entered, symlinks are
-    listed and never followed."""
-    todo = [""]
-    seen = 0
-    while todo:
-        rel = todo.pop()
-        try:
-            entries = list(os.scandir(root / rel if rel else root))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            child = f"{rel}/{entry.name}" if rel else entry.name
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            seen += 1
-            if seen > limit:
-                raise CommitError(f"{root} holds more than {limit:,} entries")
-            if stat.S_ISDIR(st.st_mode):
-                todo.append(child)
-            yield child, st
-
-
-def _is_own(rel: str) -> bool:
-    return rel.rsplit("/", 1)[-1].startswith(_OWN_PREFIX) and "/" not in rel
-
-
 def sync_tree(root: Path) -> list[str]:
     """fsync every regular file under ``root`` this process can see, then every directory.
     Returns the files seen (relative paths). On a node-local view this covers this rank's own
     files, which is all a rank can make durable."""
     files: list[str] = []
     dirs: list[Path] = [root]
-    for rel, st in _walk(root):
+    for rel, st in walk_tree(root):
         path = root / rel
         if stat.S_ISDIR(st.st_mode):
             dirs.append(path)
         elif stat.S_ISREG(st.st_mode):
-            if not _is_own(rel):
+            if not is_own_file(rel):
                 files.append(rel)
             try:
                 fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -272,169 +206,6 @@ def _write_durably(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
-
-
-def _read_small(path: Path, limit: int) -> bytes | None:
-    """A regular file (never a symlink, FIFO or device), at most ``limit`` bytes; None if absent."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(f"{path.name} is not a regular file")
-        if st.st_size > limit:
-            raise OSError(f"{path.name} is {st.st_size:,} bytes (over {limit:,})")
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
-def crc32_of(path: Path) -> str:
-    """CRC32 of a file's bytes as 8 hex digits (zlib: no dependency, ~1 GB/s)."""
-    crc = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CRC_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return f"{crc:08x}"
-
-
-def _rmtree(path: Path) -> None:
-    """Remove a directory tree without following symlinks (a symlink itself is unlinked)."""
-    st = os.lstat(path)
-    if stat.S_ISDIR(st.st_mode):
-        shutil.rmtree(path)  # fd-based on Linux: links inside are removed, never followed
-    else:
-        os.unlink(path)
-
-
-# ------------------------------------------------------------------------------------ the marker
-
-
-def read_marker(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The commit marker of ``directory`` (a dict), None when there is none. ValueError when one
-    exists but is not a marker this module wrote (unreadable, not JSON, wrong kind)."""
-    try:
-        data = _read_small(Path(directory) / MARKER, MAX_MARKER_BYTES)
-    except OSError as exc:
-        raise ValueError(f"{MARKER}: {exc}") from None
-    if data is None:
-        return None
-    try:
-        marker = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise ValueError(f"{MARKER} is not JSON ({len(data)} bytes): torn or not ours") from None
-    if not isinstance(marker, dict) or marker.get("kind") != MARKER_KIND:
-        raise ValueError(f"{MARKER} is not a slurm-supervisor commit marker")
-    if not isinstance(marker.get("files"), dict):
-        raise ValueError(f"{MARKER} has no file list")  # noqa: TRY004 - one error type for "not ours"
-    return marker
-
-
-class CommitState(enum.Enum):
-    """What a directory's commit marker says about it."""
-
-    COMMITTED = "committed"  # the marker's manifest matches the files
-    UNCOMMITTED = "uncommitted"  # no marker: never committed by this protocol
-    TORN = "torn"  # a marker whose manifest does not match the files, or a torn marker
-    CHANGED = "changed"  # files match in name and size but were modified after the commit
-
-
-@dataclass(frozen=True)
-class CommitCheck:
-    """The verdict on a directory's commit marker against its files."""
-
-    state: CommitState
-    reason: str
-    step: int | None = None
-    world_size: int | None = None
-    files: int = 0
-    bytes: int = 0
-    crc_checked: bool = False
-    writer: str | None = None
-    attempt: int | None = None  # the attempt that committed it
-
-    @property
-    def committed(self) -> bool:
-        return self.state is CommitState.COMMITTED
-
-
-def _plain_int(value: Any) -> int | None:
-    return value if type(value) is int and 0 <= value < 2**53 else None
-
-
-def verify_commit(directory: str | os.PathLike[str], *, deep: bool = False) -> CommitCheck:
-    """Compare a directory's commit marker with its files: every file named exists, is a regular
-    file of the recorded size (and, with ``deep``, the recorded CRC32); no other file exists
-    (besides our own marker and rank notes); none was modified well after the marker."""
-    root = Path(directory)
-    try:
-        marker = read_marker(root)
-    except ValueError as exc:
-        return CommitCheck(CommitState.TORN, str(exc))
-    if marker is None:
-        return CommitCheck(CommitState.UNCOMMITTED, f"no {MARKER}")
-    step, world = _plain_int(marker.get("step")), _plain_int(marker.get("world_size"))
-    writer = marker.get("writer") if isinstance(marker.get("writer"), str) else None
-    attempt = _plain_int(marker.get("attempt"))
-    listed: dict[str, Any] = marker["files"]
-
-    def torn(reason: str) -> CommitCheck:
-        return CommitCheck(CommitState.TORN, reason, step, world, len(listed), writer=writer, attempt=attempt)
-
-    if len(listed) > MAX_MANIFEST_FILES:
-        return torn(f"{MARKER} lists {len(listed):,} files (over {MAX_MANIFEST_FILES:,})")
-    try:
-        marker_mtime = os.lstat(root / MARKER).st_mtime
-        present = {rel: st for rel, st in _walk(root) if not stat.S_ISDIR(st.st_mode) and not _is_own(rel)}
-    except (OSError, CommitError) as exc:
-        return torn(f"cannot list: {exc}")
-    total = 0
-    crc_checked = False
-    newer: list[str] = []
-    for rel, entry in sorted(listed.items()):
-        if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/") or "\0" in rel:
-            return torn(f"{MARKER} names a path outside the checkpoint: {str(rel)[:80]!r}")
-        size = _plain_int(entry.get("size")) if isinstance(entry, dict) else None
-        if size is None:
-            return torn(f"{MARKER}: no size recorded for {rel}")
-        st = present.get(rel)
-        if st is None:
-            return torn(f"{rel} is named in {MARKER} but missing")
-        if not stat.S_ISREG(st.st_mode):
-            return torn(f"{rel} is not a regular file")
-        if st.st_size != size:
-            return torn(f"{rel} has {st.st_size:,} bytes, the commit recorded {size:,}")
-        if st.st_mtime > marker_mtime + MTIME_AFTER_COMMIT_S:
-            newer.append(rel)
-        total += size
-        recorded = entry.get("crc32")
-        if deep and isinstance(recorded, str):
-            try:
-                actual = crc32_of(root / rel)
-            except OSError as exc:
-                return torn(f"{rel}: cannot read ({exc.strerror or exc})")
-            if actual != recorded:
-                return torn(f"{rel}: CRC32 {actual} != {recorded} recorded at the commit")
-            crc_checked = True
-    extra = sorted(set(present) - set(listed))
-    if extra:
-        shown = ", ".join(extra[:3]) + (f" and {len(extra) - 3} more" if len(extra) > 3 else "")
-        return torn(f"{shown} not in {MARKER}: written after the commit (an in-place overwrite?)")
-    summary = f"{len(listed)} files, {total:,} bytes match the commit"
-    if newer:
-        return CommitCheck(CommitState.CHANGED, f"{summary}, but {newer[0]} was modified after the commit",
-                           step, world, len(listed), total, crc_checked, writer, attempt)
-    crc_note = "; CRC32 match" if crc_checked else ""
-    return CommitCheck(CommitState.COMMITTED, summary + crc_note, step, world, len(listed), total, crc_checked,
-                       writer, attempt)
 
 
 # ------------------------------------------------------------------------------------ the save
@@ -561,7 +332,7 @@ class DirCommit:
                 if rank in notes:
                     continue
                 try:
-                    data = _read_small(staging / _rank_note(rank), 1 << 26)
+                    data = read_small(staging / _rank_note(rank), 1 << 26)
                     note = json.loads(data) if data is not None else None
                 except (OSError, ValueError):
                     note = None
@@ -579,7 +350,7 @@ class DirCommit:
             time.sleep(0.05)
             with contextlib.suppress(OSError):
                 os.listdir(staging)  # revalidates a shared filesystem's directory cache
-        names = {rel for rel, st in _walk(staging) if not stat.S_ISDIR(st.st_mode) and not _is_own(rel)}
+        names = {rel for rel, st in walk_tree(staging) if not stat.S_ISDIR(st.st_mode) and not is_own_file(rel)}
         for note in notes.values():
             names.update(n for n in note.get("files", []) if isinstance(n, str))
         files: dict[str, dict[str, Any]] = {}
@@ -688,228 +459,3 @@ def discard(path: str | os.PathLike[str], *, attempt: int | None = None) -> None
     fsync_dir(path.parent)
     shutil.rmtree(trash, ignore_errors=True)
     fsync_dir(path.parent)
-
-
-# ------------------------------------------------------------------------------------ cleanup
-
-
-class StagingAction(enum.Enum):
-    """What the attempt-start cleanup does with one of our directories."""
-
-    REMOVE_UNCOMMITTED = "remove_uncommitted"  # a staging dir whose writer died before the commit
-    ROLL_FORWARD = "roll_forward"  # a committed staging dir whose publish was cut short: publish it
-    REMOVE_SUPERSEDED = "remove_superseded"  # committed, but the final name holds the same or a newer step
-    REMOVE_ASIDE = "remove_aside"  # an old checkpoint moved aside; its replacement is committed
-    RESTORE_ASIDE = "restore_aside"  # an old checkpoint moved aside and nothing replaced it
-    KEEP = "keep"  # a writer may still be at it, or it is not safe to decide
-
-
-@dataclass(frozen=True)
-class OurDir:
-    """The facts about one staging or aside directory that the cleanup decides on."""
-
-    path: Path
-    final_name: str
-    kind: str  # "staging" or "aside"
-    attempt: int | None  # staging only
-    idle_s: float  # seconds since anything inside changed
-    check: CommitCheck
-
-
-@dataclass(frozen=True)
-class FinalFacts:
-    """The directory a staging/aside dir belongs to (``<name>``), as it is now."""
-
-    exists: bool
-    check: CommitCheck | None = None  # None: not a directory (a file, a link) or absent
-
-
-@dataclass(frozen=True)
-class StagingStep:
-    """One cleanup decision, with its reason."""
-
-    path: Path
-    action: StagingAction
-    reason: str
-    final: Path | None = None
-
-
-def plan_staging_cleanup(dirs: Sequence[OurDir], finals: Mapping[str, FinalFacts], *, attempt: int | None,
-                         min_idle_s: float = STALE_STAGING_S) -> tuple[StagingStep, ...]:
-    """Decide, per final name, what to do with our staging and aside directories. Pure.
-
-    A staging dir is *abandoned* when its attempt is older than the current ``attempt`` (that
-    writer is dead: the run loop calls this between attempts), or when nothing in it changed for
-    ``min_idle_s`` (a writer we cannot know about: another layout, no supervisor). Abandoned and
-    uncommitted: removed. Abandoned and committed: the newest one is rolled forward when the
-    final name is absent, or holds a committed checkpoint of an older step written by the same or
-    an earlier attempt (a later attempt's checkpoint is never replaced by an earlier attempt's);
-    else it is superseded and removed. A final name that exists but is not one of our committed
-    checkpoints is left to the resume scan, and so is the staging dir.
-    An aside dir is removed once the final name holds a committed checkpoint, restored when the
-    final name is absent and nothing is rolled forward, and kept otherwise."""
-    steps: list[StagingStep] = []
-    by_final: dict[str, list[OurDir]] = {}
-    for d in dirs:
-        by_final.setdefault(d.final_name, []).append(d)
-    for final_name, group in sorted(by_final.items()):
-        final = finals.get(final_name, FinalFacts(False))
-        stagings = [d for d in group if d.kind == "staging"]
-        asides = [d for d in group if d.kind == "aside"]
-        live: list[OurDir] = []
-        committed: list[OurDir] = []
-        for d in stagings:
-            dead_attempt = attempt is not None and d.attempt is not None and 0 < d.attempt < attempt
-            if not dead_attempt and d.idle_s < min_idle_s:
-                live.append(d)
-                steps.append(StagingStep(d.path, StagingAction.KEEP, f"attempt {d.attempt}, changed "
-                                         f"{d.idle_s:.0f} s ago: its writer may be alive"))
-            elif d.check.committed:
-                committed.append(d)
-            else:
-                steps.append(StagingStep(d.path, StagingAction.REMOVE_UNCOMMITTED,
-                                         f"never committed ({d.check.reason}); its writer is gone"))
-        committed.sort(key=lambda d: (d.check.step if d.check.step is not None else -1, -d.idle_s), reverse=True)
-        rolled: OurDir | None = None
-        final_step = final.check.step if final.check is not None and final.check.committed else None
-        final_attempt = final.check.attempt if final.check is not None else None
-        final_whole = final.check is not None and final.check.committed
-        for d in committed:
-            same_history = final_attempt is None or d.attempt is None or d.attempt >= final_attempt
-            newer = (d.check.step is not None and final_step is not None and d.check.step > final_step
-                     and same_history)
-            if rolled is None and final.exists and not final_whole:
-                steps.append(StagingStep(d.path, StagingAction.KEEP, f"committed at step {d.check.step}; "
-                                         f"{final_name} exists but is not a committed checkpoint of ours: "
-                                         "neither is replaced (the resume scan judges it)"))
-                continue
-            if rolled is None and (not final.exists or newer):
-                rolled = d
-                steps.append(StagingStep(d.path, StagingAction.ROLL_FORWARD,
-                                         f"committed at step {d.check.step} but never put in place "
-                                         f"({'no ' + final_name if not final.exists else final_name + ' is older'})"))
-            else:
-                steps.append(StagingStep(d.path, StagingAction.REMOVE_SUPERSEDED,
-                                         f"committed at step {d.check.step}; {final_name} holds step "
-                                         f"{final_step if rolled is None else rolled.check.step}"))
-        for d in asides:
-            if rolled is not None or final_whole:
-                steps.append(StagingStep(d.path, StagingAction.REMOVE_ASIDE,
-                                         f"{final_name} holds a committed checkpoint: the old copy is not needed"))
-            elif not final.exists and not live and d.check.state is not CommitState.TORN:
-                steps.append(StagingStep(d.path, StagingAction.RESTORE_ASIDE,
-                                         f"{final_name} is missing and nothing replaces it: the old one goes back"))
-            else:
-                steps.append(StagingStep(d.path, StagingAction.KEEP,
-                                         f"{final_name} is not a committed checkpoint: the old copy stays"))
-    return tuple(steps)
-
-
-def _idle_s(path: Path, now: float) -> float:
-    newest = os.lstat(path).st_mtime
-    try:
-        for _rel, st in _walk(path, limit=100_000):
-            newest = max(newest, st.st_mtime)
-    except CommitError:
-        return 0.0  # too big to judge: treat as live
-    return max(now - newest, 0.0)
-
-
-def _collect(ckpt_dir: Path, now: float) -> tuple[list[OurDir], dict[str, FinalFacts]]:
-    dirs: list[OurDir] = []
-    try:
-        entries = list(os.scandir(ckpt_dir))
-    except OSError:
-        return [], {}
-    for entry in entries:
-        staging = parse_staging_name(entry.name)
-        aside = None if staging else parse_aside_name(entry.name)
-        if staging is None and aside is None:
-            continue
-        try:
-            if not entry.is_dir(follow_symlinks=False):
-                continue  # never a symlink, never a file: not one of ours
-            path = Path(entry.path)
-            dirs.append(OurDir(path, staging.final_name if staging else aside[0],  # type: ignore[index]
-                               "staging" if staging else "aside", staging.attempt if staging else None,
-                               _idle_s(path, now), verify_commit(path)))
-        except OSError:
-            continue
-    finals: dict[str, FinalFacts] = {}
-    for name in {d.final_name for d in dirs}:
-        path = ckpt_dir / name
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            finals[name] = FinalFacts(False)
-            continue
-        except OSError:
-            finals[name] = FinalFacts(True)
-            continue
-        finals[name] = FinalFacts(True, verify_commit(path) if stat.S_ISDIR(st.st_mode) else None)
-    return dirs, finals
-
-
-def stale_staging(ckpt_dir: str | os.PathLike[str], now: float, *, attempt: int | None = None,
-                  min_idle_s: float = STALE_STAGING_S) -> list[StagingStep]:
-    """What :func:`remove_stale_staging` would do (nothing is changed). ``now``: epoch seconds;
-    ``attempt``: the attempt about to start (staging dirs of earlier attempts are dead)."""
-    dirs, finals = _collect(Path(ckpt_dir), now)
-    return [s for s in plan_staging_cleanup(dirs, finals, attempt=attempt, min_idle_s=min_idle_s)]
-
-
-@dataclass(frozen=True)
-class StagingResult:
-    """One carried-out cleanup step: ``ok`` False with ``error`` when the filesystem refused."""
-
-    path: str
-    action: str
-    reason: str
-    ok: bool
-    error: str | None = None
-
-    def to_event(self) -> dict[str, Any]:
-        return {"path": self.path, "action": self.action, "reason": self.reason, "ok": self.ok, "error": self.error}
-
-
-def remove_stale_staging(ckpt_dir: str | os.PathLike[str], now: float, *, attempt: int | None = None,
-                         min_idle_s: float = STALE_STAGING_S) -> list[StagingResult]:
-    """Carry out :func:`stale_staging`'s plan: remove abandoned staging dirs, roll committed ones
-    forward, remove or restore asides. Call it only while no writer of this run is alive (the run
-    loop at attempt start) and, with one supervisor per node, on one node only. Steps that keep a
-    directory are not returned. Never raises for a filesystem error: the result says so."""
-    root = Path(ckpt_dir)
-    done: list[StagingResult] = []
-    for s in stale_staging(root, now, attempt=attempt, min_idle_s=min_idle_s):
-        if s.action is StagingAction.KEEP:
-            continue
-        try:
-            final = root / (parse_staging_name(s.path.name) or _aside_as_staging(s.path.name)).final_name
-            if s.action is StagingAction.ROLL_FORWARD:
-                name = parse_staging_name(s.path.name)
-                assert name is not None
-                publish(s.path, final, name)
-            elif s.action is StagingAction.RESTORE_ASIDE:
-                if os.path.lexists(final):
-                    raise FileExistsError(f"{final} appeared meanwhile")
-                os.rename(s.path, final)
-                fsync_dir(root)
-            elif s.action is StagingAction.REMOVE_ASIDE:
-                if not os.path.lexists(s.path):
-                    continue  # the roll-forward of this final name removed it already
-                discard(s.path, attempt=attempt)
-            else:
-                _rmtree(s.path)
-                fsync_dir(root)
-        except OSError as exc:
-            done.append(StagingResult(str(s.path), s.action.value, s.reason, False,
-                                      f"{type(exc).__name__}: {exc.strerror or exc}"))
-            continue
-        done.append(StagingResult(str(s.path), s.action.value, s.reason, True))
-    return done
-
-
-def _aside_as_staging(name: str) -> StagingName:
-    parts = parse_aside_name(name)
-    assert parts is not None
-    return StagingName(parts[0], 0, parts[1])

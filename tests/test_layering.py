@@ -18,7 +18,8 @@ PKG = Path(__file__).resolve().parents[1] / "supervisor"
 
 TRAINING_SIDE = {"supervisor.client", "supervisor.control_wire", "supervisor.determinism", "supervisor.checkpoints.atomic",
                  "supervisor.integrations", "supervisor.integrations.lightning", "supervisor.integrations.hf",
-                 "supervisor.sharded", "supervisor.integrations.dcp", "supervisor.integrations.deepspeed"}
+                 "supervisor.sharded", "supervisor.commit_marker", "supervisor.integrations.dcp",
+                 "supervisor.integrations.deepspeed"}
 FRAMEWORKS = {"torch", "numpy", "lightning", "lightning_fabric", "pytorch_lightning", "transformers", "accelerate"}
 
 LEAVES, DECISIONS, ADAPTERS, RUN, CLI = range(5)
@@ -32,7 +33,7 @@ LEAF_MODULES = {
     "supervisor.checkpoints.naming", "supervisor.checkpoints.formats", "supervisor.checkpoints.outcome",
     "supervisor.checkpoints.limits", "supervisor.checkpoints.allowlist", "supervisor.slurm.env",
     "supervisor.slurm.parse", "supervisor.client", "supervisor.determinism", "supervisor.checkpoints.atomic",
-    "supervisor.sharded",
+    "supervisor.sharded", "supervisor.commit_marker",
 }
 DECISION_MODULES = {
     "supervisor.config",  # the policy and budget tables the decisions are parameterised by

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from supervisor import sharded
+
+from supervisor.checkpoints import staging as cleanup
 from supervisor.checkpoints import find_resume_point, validate_checkpoint
 from supervisor.checkpoints.naming import parse_name
 from supervisor.control import ControlServer, Kind, new_token
@@ -355,7 +357,7 @@ def test_each_crash_window_leaves_one_complete_checkpoint(tmp_path: Path, point:
     assert validate_checkpoint(scan.path).verdict is Verdict.VALID
     assert all(not sharded.parse_staging_name(Path(c["path"]).name) for c in scan.candidates)
 
-    done = sharded.remove_stale_staging(ckpt, time.time(), attempt=2)
+    done = cleanup.remove_stale_staging(ckpt, time.time(), attempt=2)
     assert all(d.ok for d in done), done
     after = find_resume_point(ckpt, writers_alive=False)
     assert after.path == str(ckpt / "last") and after.step == after_cleanup_wins, after.reason
@@ -368,7 +370,7 @@ def test_a_new_name_cut_short_before_its_rename_is_rolled_forward(tmp_path: Path
     committed_dir(ckpt, "step-10", 10)
     crash_save(ckpt, "step-20", 20, "before_aside")  # no old step-20: the first rename is the one into place
     assert find_resume_point(ckpt, writers_alive=False).step == 10
-    assert [d.action for d in sharded.remove_stale_staging(ckpt, time.time(), attempt=2)] == ["roll_forward"]
+    assert [d.action for d in cleanup.remove_stale_staging(ckpt, time.time(), attempt=2)] == ["roll_forward"]
     assert find_resume_point(ckpt, writers_alive=False).step == 20
 
 
@@ -377,12 +379,12 @@ def test_cleanup_keeps_a_live_writer_s_staging_dir(tmp_path: Path) -> None:
     committed_dir(ckpt, "last", 10)
     crash_save(ckpt, "last", 20, "body", attempt=3)
     staging = next(p for p in ckpt.iterdir() if sharded.parse_staging_name(p.name))
-    steps = sharded.stale_staging(ckpt, time.time(), attempt=3)  # this attempt's own, just written
-    assert [(s.path.name, s.action) for s in steps] == [(staging.name, sharded.StagingAction.KEEP)]
-    assert sharded.remove_stale_staging(ckpt, time.time(), attempt=3) == []
+    steps = cleanup.stale_staging(ckpt, time.time(), attempt=3)  # this attempt's own, just written
+    assert [(s.path.name, s.action) for s in steps] == [(staging.name, cleanup.StagingAction.KEEP)]
+    assert cleanup.remove_stale_staging(ckpt, time.time(), attempt=3) == []
     assert staging.is_dir()
     # Unknown writer (no attempt to compare), idle long enough: abandoned.
-    done = sharded.remove_stale_staging(ckpt, time.time() + sharded.STALE_STAGING_S + 1, attempt=None)
+    done = cleanup.remove_stale_staging(ckpt, time.time() + cleanup.STALE_STAGING_S + 1, attempt=None)
     assert [(Path(d.path).name, d.action, d.ok) for d in done] == [(staging.name, "remove_uncommitted", True)]
 
 
@@ -404,8 +406,8 @@ def test_cleanup_touches_nothing_but_our_own_directories_and_never_follows_links
             (ckpt / name).write_text("x")
     (ckpt / "last.tmp-1-0123456789ab").symlink_to(outside)  # a link with our staging name
     (ckpt / "last.old-0123456789ab").symlink_to(outside)  # and with our aside name
-    later = time.time() + 10 * sharded.STALE_STAGING_S
-    assert sharded.remove_stale_staging(ckpt, later, attempt=99) == []
+    later = time.time() + 10 * cleanup.STALE_STAGING_S
+    assert cleanup.remove_stale_staging(ckpt, later, attempt=99) == []
     assert sorted(p.name for p in ckpt.iterdir()) == sorted([*keep, "last.tmp-1-0123456789ab", "last.old-0123456789ab"])
     assert (outside / "precious.bin").read_bytes() == b"p" * 100
 
@@ -414,7 +416,7 @@ def test_a_committed_staging_dir_older_than_the_final_one_is_removed_not_rolled_
     ckpt = tmp_path / "ckpt"
     crash_save(ckpt, "last", 10, "before_aside")
     committed_dir(ckpt, "last", 20)
-    done = sharded.remove_stale_staging(ckpt, time.time(), attempt=2)
+    done = cleanup.remove_stale_staging(ckpt, time.time(), attempt=2)
     assert [d.action for d in done] == ["remove_superseded"]
     assert sharded.read_marker(ckpt / "last")["step"] == 20
 
@@ -435,6 +437,6 @@ def test_an_earlier_attempt_s_commit_never_replaces_a_later_attempt_s_checkpoint
     crash_save(ckpt, "last", 30, "before_aside", attempt=1)
     monkeypatch.setenv("SUPERVISOR_ATTEMPT", "2")
     committed_dir(ckpt, "last", 25)
-    done = sharded.remove_stale_staging(ckpt, time.time(), attempt=3)
+    done = cleanup.remove_stale_staging(ckpt, time.time(), attempt=3)
     assert [d.action for d in done] == ["remove_superseded"]
     assert sharded.read_marker(ckpt / "last")["step"] == 25

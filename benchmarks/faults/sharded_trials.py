@@ -9,7 +9,7 @@ in a loop; one rank is SIGKILLed during save k (k in 2..4) at a uniform moment o
 cycle (every fourth trial: rank 0, the moment a commit marker appears, to land in the
 milliseconds-wide commit and publish windows); the other ranks are killed 0-50 ms later, as a
 launcher would. Then the supervisor's own resume-point scan (with quarantine), its attempt-start
-cleanup (``sharded.remove_stale_staging``) and the scan again; the chosen checkpoint is
+cleanup (``cleanup.remove_stale_staging``) and the scan again; the chosen checkpoint is
 CRC-checked (L4) and loaded with ``dcp.load`` every time (a torn one would mix two saves' tensors).
 Every other trial keeps ``last`` alone (every save replaces the only checkpoint). ``--writer
 plain`` runs the same kills against DCP's own in-place ``dcp.save``: the baseline.

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..sharded import MARKER, CommitState, verify_commit
+from ..commit_marker import MARKER, CommitState, verify_commit
 from ..states import Verdict
 from . import formats as F
 from .allowlist import allowed_for

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..sharded import parse_aside_name
+from ..commit_marker import parse_aside_name
 from .limits import MAX_STEP
 
 # Suffixes of single-file checkpoints we look at. Directories are judged by content, not suffix.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..sharded import MARKER, parse_aside_name
+from ..commit_marker import MARKER, parse_aside_name
 from . import formats as F
 from .filecheck import torch_tail_ok
 from .fsio import regular_fd

@@ -17,7 +17,7 @@ from ..budget import audit_durable_history
 from ..checkpoints import find_resume_point, quarantine_tag
 from ..checkpoints.naming import parse_name
 from ..events import Ev
-from ..sharded import remove_stale_staging
+from ..checkpoints.staging import remove_stale_staging
 from .attempt import AttemptState
 from .context import RunContext
 from .saves import remove_stale_temp_files

@@ -371,7 +371,9 @@ def sharded_kill_trial(pool: ShardedPool, work: Path, trial: int, rng: random.Ra
         return result.step
 
     before = judge("scan")
-    cleanup = sharded.remove_stale_staging(ckpt, time.time(), attempt=attempt + 1) if ckpt.is_dir() else []
+    from supervisor.checkpoints.staging import StagingAction, remove_stale_staging
+
+    cleanup = remove_stale_staging(ckpt, time.time(), attempt=attempt + 1) if ckpt.is_dir() else []
     facts["cleanup"] = [(Path(c.path).name, c.action, c.ok) for c in cleanup]
     if any(not c.ok for c in cleanup):
         problems.append(f"cleanup failed: {[c.to_event() for c in cleanup if not c.ok]}")
@@ -384,7 +386,7 @@ def sharded_kill_trial(pool: ShardedPool, work: Path, trial: int, rng: random.Ra
     if before is not None and after is not None and after < before:
         problems.append(f"the cleanup lost a checkpoint: resume step {before} -> {after}")
     facts["lost_saves"] = max(last_committed - (after or 0), 0)
-    facts["rolled_forward"] = any(c[1] == sharded.StagingAction.ROLL_FORWARD.value for c in facts["cleanup"])
+    facts["rolled_forward"] = any(c[1] == StagingAction.ROLL_FORWARD.value for c in facts["cleanup"])
     facts["seconds"] = round(time.monotonic() - started, 2)
     return ShardedOutcome(trial, not problems, label, problems, facts)
 
