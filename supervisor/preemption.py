@@ -18,13 +18,13 @@ Facts this rests on (docs/slurm-versions.md, verified on Slurm 22.05.8):
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Literal, Sequence
 
 from .slurm.grace import ClusterGrace
 from .slurm.requeue_policy import requeue_need
+from .slurm.version import version_or_none
 from .states import FailureClass, SaveDecision
 
 # Slurm sends a --signal warning "up to 60 seconds earlier than specified" (sbatch.1, §2).
@@ -582,22 +582,6 @@ class RequeueDecision:
         return {"planned": self.do, "how": self.how, "reason": self.reason, "exclude": list(self.exclude)}
 
 
-def parse_slurm_version(version: Any) -> tuple[int, ...] | None:
-    """``(22, 5, 8)``, ``"22.05.8"``, ``"slurm 24.05.1"`` -> a tuple; anything else -> None."""
-    if version is None:
-        return None
-    if isinstance(version, (tuple, list)):
-        try:
-            parts = tuple(int(p) for p in version)
-        except (TypeError, ValueError):
-            return None
-        return parts or None
-    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", str(version))
-    if not match:
-        return None
-    return tuple(int(g) for g in match.groups() if g is not None)
-
-
 def _as_class(outcome: Any) -> FailureClass:
     if isinstance(outcome, FailureClass):
         return outcome
@@ -675,7 +659,7 @@ def decide_requeue(
 
     if preempted:
         # The version fact lives in supervisor.slurm.requeue_policy (shared with the Slurm facade).
-        need = requeue_need(parse_slurm_version(slurm_version), FailureClass.PREEMPTED)
+        need = requeue_need(version_or_none(slurm_version), FailureClass.PREEMPTED)
         if policy == "auto" and not need.explicit and job_requeueable is True:
             return RequeueDecision(True, "slurm_will", f"{what}; {need.reason} (requeueable job, "
                                    f"PreemptMode=REQUEUE; each such requeue counts toward MaxBatchRequeue){excl}",

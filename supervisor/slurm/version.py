@@ -138,6 +138,14 @@ class SlurmVersion(NamedTuple):
         return self >= (24, 5)
 
 
-def parse_slurm_version(text: str) -> SlurmVersion:
-    """Module-level spelling of :meth:`SlurmVersion.parse`."""
-    return SlurmVersion.parse(text)
+def version_or_none(value: object) -> SlurmVersion | None:
+    """The one lenient reading, for values from events and job records: ``(22, 5, 8)``, ``[24, 11]``,
+    ``"22.05.8"``, ``"slurm 24.05.1"`` -> a SlurmVersion; anything that holds no version -> None."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        if isinstance(value, (str, tuple, list)):
+            return SlurmVersion.of(value) if value else None  # type: ignore[arg-type]
+    except (SlurmVersionError, TypeError, ValueError):
+        return None
+    return None
