@@ -1,0 +1,187 @@
+"""The stop state machine (``supervisor/run/stop.py``) as a table: every phase x every event.
+
+Each row starts from a state reached through ``advance()`` itself (never built by hand, so a row
+cannot test a state the machine could not be in), applies one event at a given time and checks the
+next phase and the effects the loop must carry out. What the table pins, in words:
+
+* a notice decides the first move (block, emergency save, stop now, abort) only while RUNNING; a
+  later notice only brings the deadline closer;
+* a save that lands ends BLOCKING/SAVING with the graceful signal; an unchanged child gets SIGKILL at
+  once after it, a cooperative one may use the time up to the deadline;
+* at deadline - margin a save still running is aborted (SIGKILL plus an abort), never waited for;
+* a deadline only ever moves earlier; SIGKILL repeats every second until the child is gone.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from supervisor.run.stop import (
+    KILL_EVERY,
+    AbortDue,
+    AbortSave,
+    Broadcast,
+    DeadlineMoved,
+    ForceKill,
+    NoticeArrived,
+    SaveLanded,
+    SignalGroup,
+    StopAsked,
+    StopPhase,
+    StopReason,
+    StopState,
+    Tick,
+    WriteStopFile,
+    advance,
+)
+from supervisor.states import SaveDecision
+
+T0 = 1000.0  # the notice arrives here
+DEADLINE = T0 + 60.0
+MARGIN = 10.0  # so saves must be done by T0 + 50
+
+
+def notice(decision: SaveDecision, *, cooperative: bool = False, deadline: float = DEADLINE) -> NoticeArrived:
+    return NoticeArrived(decision, deadline, MARGIN, f"test: {decision.value}", cooperative)
+
+
+def reach(phase: str) -> StopState:
+    """A state in ``phase``, reached through advance() from RUNNING at T0."""
+    start = StopState()
+    if phase == "running":
+        return start
+    how = {
+        "blocking": notice(SaveDecision.BLOCK),
+        "saving": notice(SaveDecision.EMERGENCY_SAVE, cooperative=True),
+        "terminating": notice(SaveDecision.STOP_NOW, cooperative=True),  # kill_at = the deadline
+        "killing": notice(SaveDecision.ABORT),
+    }[phase]
+    state, _ = advance(start, how, T0)
+    assert state.phase.value == phase
+    return state
+
+
+def shape(effects: tuple[Any, ...]) -> list[str]:
+    """Effects as short words: 'stopfile', 'broadcast:stop', 'TERM', 'KILL', 'abort'."""
+    out = []
+    for e in effects:
+        if isinstance(e, WriteStopFile):
+            out.append("stopfile")
+        elif isinstance(e, Broadcast):
+            out.append(f"broadcast:{e.kind}")
+        elif isinstance(e, SignalGroup):
+            out.append(signal.Signals(e.signum).name.removeprefix("SIG"))
+        elif isinstance(e, AbortSave):
+            out.append("abort")
+        else:  # pragma: no cover - a new effect type must be added to the table
+            raise AssertionError(f"unknown effect {e!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class Row:
+    phase: str
+    event: Any
+    at: float
+    next_phase: str
+    effects: list[str]
+
+
+LATER = T0 + 5.0  # before deadline - margin
+DUE = T0 + 50.0  # deadline - margin
+PAST_KILL = DEADLINE + 0.1
+
+ROWS = [
+    # RUNNING: the notice's decision is the first move
+    Row("running", notice(SaveDecision.BLOCK), T0, "blocking", ["stopfile", "broadcast:stop"]),
+    Row("running", notice(SaveDecision.EMERGENCY_SAVE), T0, "saving",
+        ["stopfile", "broadcast:save_now", "broadcast:stop"]),
+    Row("running", notice(SaveDecision.STOP_NOW), T0, "terminating", ["stopfile", "broadcast:stop", "TERM"]),
+    Row("running", notice(SaveDecision.ABORT), T0, "killing", ["stopfile", "broadcast:stop", "abort", "KILL"]),
+    Row("running", StopAsked(StopReason.POLICY, "resume audit", grace=30.0), T0, "terminating",
+        ["broadcast:stop", "TERM"]),
+    Row("running", StopAsked(StopReason.INTERRUPT, "Ctrl-C", grace=30.0, graceful_signal=signal.SIGINT), T0,
+        "terminating", ["broadcast:stop", "INT"]),
+    Row("running", ForceKill("second Ctrl-C"), T0, "killing", ["KILL"]),
+    Row("running", SaveLanded(), T0, "running", []),
+    Row("running", AbortDue("overrun"), T0, "running", []),
+    Row("running", DeadlineMoved(T0 + 20, MARGIN), T0, "running", []),
+    Row("running", Tick(), T0, "running", []),
+    # BLOCKING: the save lands (graceful end), or deadline - margin comes first (abort)
+    Row("blocking", SaveLanded(), LATER, "terminating", ["broadcast:stop", "TERM"]),
+    Row("blocking", AbortDue("projected overrun"), LATER, "killing", ["abort", "KILL"]),
+    Row("blocking", Tick(save_in_flight=True), LATER, "blocking", ["broadcast:stop"]),
+    Row("blocking", Tick(save_in_flight=True), DUE, "killing", ["abort", "KILL"]),
+    Row("blocking", notice(SaveDecision.STOP_NOW), LATER, "blocking", []),
+    Row("blocking", StopAsked(StopReason.POLICY, "stall", grace=5.0), LATER, "blocking", []),
+    Row("blocking", ForceKill("second Ctrl-C"), LATER, "killing", ["KILL"]),
+    Row("blocking", DeadlineMoved(T0 + 20, MARGIN), LATER, "blocking", []),
+    # SAVING (an emergency save asked of a client)
+    Row("saving", SaveLanded(), LATER, "terminating", ["broadcast:stop", "TERM"]),
+    Row("saving", Tick(save_in_flight=True), LATER, "saving", ["broadcast:stop"]),
+    Row("saving", Tick(save_in_flight=True), DUE, "killing", ["abort", "KILL"]),
+    Row("saving", Tick(save_in_flight=False), DUE, "terminating", ["broadcast:stop", "TERM"]),
+    Row("saving", AbortDue("overrun"), LATER, "saving", []),  # only BLOCKING aborts on a projection
+    Row("saving", ForceKill("hung"), LATER, "killing", ["KILL"]),
+    # TERMINATING: SIGKILL at kill_at
+    Row("terminating", Tick(), LATER, "terminating", ["broadcast:stop"]),
+    Row("terminating", Tick(), PAST_KILL, "killing", ["KILL"]),
+    Row("terminating", SaveLanded(), LATER, "terminating", []),
+    Row("terminating", ForceKill("hung"), LATER, "killing", ["KILL"]),
+    Row("terminating", notice(SaveDecision.ABORT), LATER, "terminating", []),
+    # KILLING: SIGKILL every second until the group is gone; nothing else changes it
+    Row("killing", Tick(), T0 + KILL_EVERY / 2, "killing", []),
+    Row("killing", Tick(), T0 + KILL_EVERY, "killing", ["KILL"]),
+    Row("killing", ForceKill("again"), LATER, "killing", []),
+    Row("killing", SaveLanded(), LATER, "killing", []),
+    Row("killing", notice(SaveDecision.BLOCK), LATER, "killing", []),
+    Row("killing", StopAsked(StopReason.POLICY, "stall", grace=5.0), LATER, "killing", []),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=lambda r: f"{r.phase}-{type(r.event).__name__}-{r.at - T0:+g}s")
+def test_every_phase_and_event(row: Row) -> None:
+    state, effects = advance(reach(row.phase), row.event, row.at)
+    assert (state.phase.value, shape(effects)) == (row.next_phase, row.effects)
+
+
+def test_the_table_covers_every_phase_and_every_event_type() -> None:
+    phases = {r.phase for r in ROWS}
+    events = {type(r.event) for r in ROWS}
+    assert phases == {p.value for p in StopPhase}
+    assert events == {NoticeArrived, StopAsked, ForceKill, SaveLanded, AbortDue, DeadlineMoved, Tick}
+
+
+def test_an_unchanged_child_is_killed_as_soon_as_its_save_lands() -> None:
+    # Its notice signals are ignored (the shield): waiting would only let it begin another save.
+    blocking = reach("blocking")
+    assert not blocking.cooperative
+    state, _ = advance(blocking, SaveLanded(), LATER)
+    assert state.kill_at == LATER
+    state, effects = advance(state, Tick(), LATER)
+    assert state.phase is StopPhase.KILLING and shape(effects) == ["KILL"]
+
+
+def test_a_cooperative_child_may_use_the_time_up_to_the_deadline_after_its_emergency_save() -> None:
+    state, _ = advance(reach("saving"), SaveLanded(), LATER)
+    assert state.phase is StopPhase.TERMINATING and state.kill_at == DEADLINE
+
+
+def test_a_deadline_only_moves_earlier_and_pulls_the_kill_with_it() -> None:
+    terminating = reach("terminating")
+    later, effects = advance(terminating, DeadlineMoved(DEADLINE + 30, MARGIN), LATER)
+    assert (later, effects) == (terminating, ())
+    earlier, _ = advance(terminating, DeadlineMoved(T0 + 20, MARGIN), LATER)
+    assert (earlier.deadline, earlier.usable, earlier.kill_at) == (T0 + 20, T0 + 20 - MARGIN, T0 + 20)
+
+
+def test_a_notice_while_a_policy_stop_runs_only_brings_the_end_closer() -> None:
+    state, _ = advance(StopState(), StopAsked(StopReason.POLICY, "stall", grace=300.0), T0)
+    assert state.kill_at == T0 + 300
+    state, effects = advance(state, notice(SaveDecision.BLOCK, deadline=T0 + 30), T0 + 1)
+    assert effects == () and state.phase is StopPhase.TERMINATING
+    assert (state.reason, state.deadline, state.kill_at) == (StopReason.POLICY, T0 + 30, T0 + 30)
