@@ -46,11 +46,11 @@ def one(n: int, repo: Path) -> float:
         run = Path(tmp) / "run"
         (run / "supervisor").mkdir(parents=True)
         _prefill(run / "supervisor" / "events.jsonl", n)
-        env = dict(os.environ, PYTHONPATH=str(repo))
+        env = dict(os.environ, PYTHONPATH=str(repo))  # and cwd=tmp: `-m` puts the cwd before PYTHONPATH
         env.pop("SLURM_JOB_ID", None)
         proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--run-dir", str(run), "--",
-                                 sys.executable, "-c", CHILD], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+                                 sys.executable, "-c", CHILD], env=env, cwd=tmp,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         log = run / "supervisor" / "events.jsonl"
         deadline = time.time() + 300
         while time.time() < deadline:  # wait for the child's first progress in this run
