@@ -15,7 +15,7 @@ import pytest
 
 import ckpt_factory as cf
 from supervisor.checkpoints.atomic import atomic_torch_save, atomic_write_bytes, atomic_writer, update_last
-from supervisor.checkpoints.pruning import prune
+from supervisor.checkpoints.retention import prune
 from supervisor.checkpoints.scan import list_candidates
 from supervisor.checkpoints.validate import validate
 from supervisor.states import Verdict

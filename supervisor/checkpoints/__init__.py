@@ -42,7 +42,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "atomic_write_bytes": ("atomic", "atomic_write_bytes"),
     "atomic_torch_save": ("atomic", "atomic_torch_save"),
     "update_last": ("atomic", "update_last"),
-    "prune": ("pruning", "prune"),
+    "prune": ("retention", "prune"),
     "plan_prune": ("retention", "plan_prune"),
     "PrunePlan": ("retention", "PrunePlan"),
     "DirWatcher": ("watch", "DirWatcher"),

@@ -1,7 +1,7 @@
 """Atomic, durable checkpoint writes for the training side. STDLIB ONLY at import time: the
 client imports this module inside the training process; torch is imported lazily in
 :func:`atomic_torch_save`. Retention (deleting old checkpoints, which validates them) is
-:mod:`supervisor.checkpoints.pruning`.
+:mod:`supervisor.checkpoints.retention`.
 
 The recipe: write ``<dir>/.<name>.tmp-<pid>-<rand>`` in the
 SAME directory (a rename is atomic only within one filesystem), flush + fsync (so the rename

@@ -1,4 +1,7 @@
-"""Retention: which old step checkpoints may be deleted. A pure plan over validation reports.
+"""Retention: which old step checkpoints may be deleted (:func:`plan_prune`, a pure plan over validation
+reports) and deleting them (:func:`prune`, which the training side calls after a save, as
+``examples/train_plain.py`` does; it validates what it deletes with the supervisor's own scanner, so
+it lives here rather than in the stdlib-only atomic writer).
 
 The single-copy failure mode (``save_top_k=0``: a preemption tears the only copy and thousands
 of steps are gone) is why the plan never leaves fewer than two VALID step checkpoints, whatever
@@ -8,10 +11,12 @@ of steps are gone) is why the plan never leaves fewer than two VALID step checkp
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from ..states import Verdict
+from .atomic import fsync_dir
+from .scan import scan
 from .validate import CheckpointReport
 
 MIN_VALID_KEPT = 2
@@ -57,3 +62,32 @@ def plan_prune(reports: Sequence[CheckpointReport], keep: int, protect: Sequence
 
 def _norm(path: str) -> str:
     return os.path.normpath(os.path.abspath(path))
+
+
+def prune(
+    ckpt_dir: str | os.PathLike[str],
+    keep: int,
+    protect: Iterable[str | os.PathLike[str]] = (),
+    *,
+    dry_run: bool = False,
+) -> PrunePlan:
+    """Delete old step checkpoints beyond the newest ``keep`` VALID ones.
+
+    Never leaves fewer than two VALID checkpoints, never deletes a protected path (the resume
+    point) or the target of a ``last`` symlink, never deletes anything that is not VALID or not a
+    regular file whose name carries a step. Returns the plan that was carried out; files that
+    could not be deleted are listed in ``plan.failed``."""
+    plan = plan_prune(scan(ckpt_dir), keep, [os.fspath(p) for p in protect])
+    if dry_run:
+        return plan
+    failed = []
+    for path in plan.delete:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            failed.append(f"{path}: {exc.strerror or exc}")
+    if plan.delete:
+        fsync_dir(ckpt_dir)
+    return plan.with_failures(tuple(failed))
