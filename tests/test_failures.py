@@ -23,6 +23,8 @@ import pytest
 from supervisor.budget import AttemptRecord
 from supervisor.config import DEFAULT_POLICY, ClassPolicy
 from supervisor.failures import (
+    SCHEDULER_CLASSES,
+    confirmed,
     DEFAULT_PATTERNS,
     Failure,
     classify,
@@ -203,7 +205,8 @@ def _read(name: str) -> str:
 @pytest.mark.parametrize("name, exit_code, sig, cls, evidence, step, node, rank", CASES,
                          ids=[c[0].removesuffix(".log") for c in CASES])
 def test_log_fixture_is_classified_by_its_first_failure(name, exit_code, sig, cls, evidence, step, node, rank):
-    failure = classify(exit_code, sig, _read(name))
+    # A genuine preemption, time limit or node failure: Slurm confirmed it (a notice and the job record).
+    failure = classify(exit_code, sig, _read(name), slurm=confirmed(cls) if cls in SCHEDULER_CLASSES else None)
     assert failure.cls == cls, failure.reason
     assert failure.action == (Action.STOP if cls == FC.COMPLETED else DEFAULT_POLICY[cls].action)
     if evidence is None:
@@ -231,7 +234,13 @@ def test_text_alone_classifies_every_fixture_the_same_way(name):
     """Without an exit status (``supervise classify LOG``) the text still finds the same first failure."""
     expected = {c[0]: c for c in CASES}[name]
     failure = classify(None, None, _read(name))
-    if expected[3] == FC.COMPLETED and expected[4] is None:
+    if expected[3] in SCHEDULER_CLASSES:
+        # Printed text alone never says preempted/time limit/node failure: the claim is recorded instead.
+        assert failure.cls not in SCHEDULER_CLASSES and failure.text_claim, failure.reason
+        assert failure.text_claim.startswith(("preemption", "time limit", "node failure"))
+        failure = classify(None, None, _read(name), slurm=confirmed(expected[3]))
+        assert failure.cls == expected[3] and failure.text_claim is None, failure.reason
+    elif expected[3] == FC.COMPLETED and expected[4] is None:
         assert failure.cls == FC.UNKNOWN  # no status, no failure evidence: not provably complete
     elif expected[3] == FC.COMPLETED:
         assert failure.cls == FC.COMPLETED  # the training said it finished, and nothing failed after
@@ -851,7 +860,7 @@ def test_a_kill_after_the_training_said_it_finished_is_completed(exit_code, sig)
     ("slurmstepd: error: *** JOB 77 ON n1 CANCELLED AT 2024-01-01T00:00:00 DUE TO TIME LIMIT ***\n", FC.TIME_LIMIT),
 ])
 def test_a_failure_after_the_completion_line_is_still_a_failure(after, cls):
-    assert classify(137, None, _HF_END + after).cls == cls
+    assert classify(137, None, _HF_END + after, slurm=confirmed(cls) if cls in SCHEDULER_CLASSES else None).cls == cls
 
 
 def test_completion_needs_a_kill_from_outside_not_a_crash_or_an_error_exit():
@@ -891,7 +900,7 @@ def test_only_clear_completion_lines_count():
     ("srun: error: n1: task 3: Killed\n", FC.KILLED, "killed from outside"),
 ])
 def test_each_srun_and_slurmstepd_ending_gets_a_class_and_a_reason_a_person_understands(text, cls, words):
-    failure = classify(143, None, text)
+    failure = classify(143, None, text, slurm=confirmed(cls) if cls in SCHEDULER_CLASSES else None)
     assert failure.cls == cls, failure.reason
     assert words in failure.reason
 

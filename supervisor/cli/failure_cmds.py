@@ -58,6 +58,7 @@ def _failure_json(failure: Any) -> dict[str, Any]:
         "class": failure.cls.value, "action": failure.action.value, "evidence": list(failure.evidence),
         "step": failure.step, "node": failure.node, "rank": failure.rank, "exit_code": failure.exit_code,
         "signal": failure.signal, "reason": failure.reason, "context": list(failure.context),
+        "text_claim": failure.text_claim,
     }
 
 
@@ -69,20 +70,25 @@ def _failure_json(failure: Any) -> dict[str, Any]:
               help="The signal that killed the child: SEGV, SIGSEGV or 11.")
 @click.option("--tail-mb", type=click.FloatRange(min=0.01, max=1024), default=DEFAULT_TAIL_MB, show_default=True,
               help="Read only this many MB from the end of the log.")
+@click.option("--slurm-says", "slurm_says", type=click.Choice(["preempted", "time_limit", "node_failure"]),
+              default=None, help="What Slurm's job record says ended the job (sacct State PREEMPTED, TIMEOUT, "
+                                 "NODE_FAIL). Without it, such a cause printed in the log is evidence only.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @handle_errors
 def classify_cmd(logfile: Path, exit_code: int | None, signal_text: str | None, tail_mb: float,
-                 as_json: bool) -> None:
+                 slurm_says: str | None, as_json: bool) -> None:
     """Classify how a training ended from its log (and its exit status, if known).
 
     Prints the failure class, the action the default policy takes, the step and the evidence: the
-    first failure in the log, not the last. Without --exit-code/--signal the text alone decides.
+    first failure in the log, not the last. Without --exit-code/--signal the text alone decides,
+    except for a preemption, time limit or node failure: only Slurm says those (--slurm-says); a
+    log that merely prints one is classified by the rest of its evidence, and the claim is shown.
 
     \b
     Exit codes: 0 classified (whatever the class; an empty log is classified from the exit status
     alone, "unknown" without one); 2 unreadable or binary file, or --exit-code with --signal.
     """
-    from ..failures import classify, parse_signal
+    from ..failures import classify, confirmed, parse_signal
     from ..policy import policy_for
     from ..states import Action, FailureClass
 
@@ -101,7 +107,7 @@ def classify_cmd(logfile: Path, exit_code: int | None, signal_text: str | None, 
         log.warning("note: %s is empty; classifying from the exit status alone", logfile)
     elif truncated:
         log.info("read the last %.1f MB of %s (%d bytes)", tail_mb, logfile, size)
-    failure = classify(exit_code, signum, text)
+    failure = classify(exit_code, signum, text, slurm=confirmed(FailureClass(slurm_says)) if slurm_says else None)
     if as_json:
         echo_json({"log": str(logfile), **_failure_json(failure)})
         return
@@ -118,6 +124,8 @@ def classify_cmd(logfile: Path, exit_code: int | None, signal_text: str | None, 
     if any(where):
         click.echo(f"where:    {', '.join(w for w in where if w)}")
     click.echo(f"reason:   {failure.reason}")
+    if failure.text_claim:
+        click.echo(f"text claim: {failure.text_claim}")
     if failure.evidence:
         click.echo("evidence:")
         for line in failure.evidence:

@@ -59,7 +59,9 @@ one ``str.find`` sweep per needle picks the few lines worth a regex; lines over 
 input over 8 MiB keeps its end.
 
 Modules: :mod:`.patterns` (the evidence table, the completion markers and the signal classes),
-:mod:`.scan` (reading the text, choosing the first failure), :mod:`.classify` (the result). What to
+:mod:`.scan` (reading the text, choosing the first failure), :mod:`.classify` (the result),
+:mod:`.evidence` (what Slurm says: a preemption, time limit or node failure printed in the text
+counts only when the scheduler confirms it; node evidence only within the job's allocation). What to
 do about a failure is :mod:`supervisor.policy`. This package imports only ``states``, ``signals``,
 ``progress`` and ``policy``: no config, no budget.
 """
@@ -68,6 +70,7 @@ from __future__ import annotations
 
 from ..signals import parse_signal, signal_name
 from .classify import Failure, classify, with_class
+from .evidence import SCHEDULER_CLASSES, NodeEvidence, SlurmEvidence, confirmed, evidence_node
 from .patterns import (
     CAUSE,
     COMPLETION_MARKERS,
@@ -91,6 +94,11 @@ __all__ = [
     "CompletionMarker",
     "Failure",
     "FailurePattern",
+    "NodeEvidence",
+    "SCHEDULER_CLASSES",
+    "SlurmEvidence",
+    "confirmed",
+    "evidence_node",
     "classify",
     "launcher_signal_class",
     "parse_signal",

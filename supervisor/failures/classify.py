@@ -9,6 +9,7 @@ from ..policy import ClassPolicy, action_for
 from ..progress import StepExtractor
 from ..signals import signal_name
 from ..states import Action, FailureClass
+from .evidence import CLAIM_WORDS, SCHEDULER_CLASSES, SlurmEvidence
 from .patterns import (
     _PRIORITY_NAMES,
     CONTEXT_AFTER,
@@ -27,6 +28,7 @@ from .scan import (
     _choose,
     _clean,
     _find_completion,
+    _Line,
     _locate,
     _Match,
     _needle_union,
@@ -35,6 +37,11 @@ from .scan import (
     _status_text,
     _Steps,
 )
+
+
+# The built-in rows that print a scheduler cause (Slurm's and submitit's lines): evidence only, never
+# a verdict without Slurm's confirmation. A user's own pattern of such a class is the user's policy.
+_SCHEDULER_CLAIMS = frozenset(id(p) for p in DEFAULT_PATTERNS if p.cls in SCHEDULER_CLASSES)
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,9 @@ class Failure:
     exit_code: int | None = None
     signal: int | None = None
     reason: str = ""
+    # A scheduler cause (preemption, time limit, node failure) the output printed but Slurm did not
+    # confirm, and why it was set aside (supervisor/failures/evidence.py); None when there was none.
+    text_claim: str | None = None
 
 
 def classify(
@@ -61,12 +71,17 @@ def classify(
     policy: Mapping[FailureClass, ClassPolicy] | None = None,
     step_regex: str | None = None,
     patterns: Sequence[FailurePattern] | None = None,
+    slurm: SlurmEvidence | None = None,
 ) -> Failure:
     """Classify an ended attempt from how it ended and the end of its output.
 
     ``exit_code``/``signal``: the child's status (``signal`` set when it died of one; ``exit_code`` may
     be None then, or unknown altogether). ``step_regex``: the user's step pattern (default: the
     shared patterns of :mod:`supervisor.progress`). ``patterns``: a replacement evidence table.
+    ``slurm``: what the scheduler says (:class:`SlurmEvidence`; None: nothing, as for a local run).
+    A preemption, time limit or node failure printed in the text counts only when ``slurm`` confirms
+    a scheduler end; otherwise those lines are set aside, the rest of the evidence decides, and
+    ``text_claim`` says what was claimed and what contradicts it.
     Exit 0 is ``completed`` unless the scheduler's own message says the job was taken away. A child
     killed from outside (or of unknown status) after the training printed that it finished all its
     steps, with nothing failing after that line, is ``completed`` too: a kill at teardown.
@@ -81,6 +96,24 @@ def classify(
     lines = _split_lines(text)
     extractor = StepExtractor(step_regex)
     matches = _scan(lines, table, union)
+    claim, claimed = None, None
+    claims = [m for m in matches if m.pattern is not None and id(m.pattern) in _SCHEDULER_CLAIMS]
+    evidence = slurm if slurm is not None else SlurmEvidence()
+    if claims and not evidence.confirms_scheduler_end:
+        matches = [m for m in matches if m not in claims]
+        first = min(claims, key=lambda m: (m.priority, m.line))
+        claimed = CLAIM_WORDS.get(first.cls, first.cls.value)
+        claim = f"{evidence.contradiction(first.cls)}; line {first.line + 1}: {_clean(lines[first.line].text)}"
+    failure = _judge(exit_code, signal, lines, matches, extractor, policy)
+    if claim is None:
+        return failure
+    return replace(failure, text_claim=claim,
+                   reason=f"{failure.reason}; the output claims a {claimed} that Slurm did not confirm: set aside")
+
+
+def _judge(exit_code: int | None, signal: int | None, lines: list[_Line], matches: list[_Match],
+           extractor: StepExtractor, policy: Mapping[FailureClass, ClassPolicy] | None) -> Failure:
+    """The class from the matches that count (the scheduler claims Slurm did not confirm are gone)."""
     steps = _Steps(lines, extractor)
     chosen, others = _choose(matches, lines, steps)
     sig, inferred = _signal_from_status(exit_code, signal)

@@ -281,8 +281,9 @@ class Runner:
             if state.stop_verdict is not None:
                 ctx.emit(Ev.STOP_CAUSE, attempt=state.attempt, **state.stop_verdict.to_event())
         notice_cls, notice_reason = notices.settle_cause(state.notice, state.stop_verdict, exit_.status)
+        evidence = notices.slurm_evidence(state.notice, state.stop_verdict, notice_cls, bool(ctx.slurm_env.job_id))
         failure = classify(exit_.exit_code, exit_.signal, child.tail_text(), policy=ctx.cfg.policy,
-                           step_regex=ctx.cfg.step_regex)
+                           step_regex=ctx.cfg.step_regex, slurm=evidence)
         facts = AttemptFacts(hang=state.hang, cancelled=state.cancelled, notice_class=notice_cls,
                              notice_reason=notice_reason, client_done=state.client_done,
                              stopped_reason=state.stopped_reason, stopped_by=state.stopped_by,
@@ -297,7 +298,7 @@ class Runner:
                  last_durable_step=state.last_durable_step, steps_lost=0 if done else state.steps_lost(),
                  wall_lost=0.0 if done else round(state.wall_lost(ended), 3), resume_step=state.resume_step,
                  resume_path=state.resume_path, step_source=state.step_source,
-                 **{"class": cls.value, "action": None})
+                 **{"class": cls.value, "action": None}, **_claim(failure))
         dropped, cut = child.lines_not_analysed()
         if dropped or cut:
             ctx.emit(Ev.WARNING, attempt=state.attempt, reason="output lines not analysed", dropped=dropped, cut=cut)
@@ -317,7 +318,7 @@ class Runner:
                  step=failure_step(failure.step, state.last_step), last_step=state.last_step,
                  last_durable_step=state.last_durable_step, node=failure.node or ctx.host, rank=failure.rank,
                  exit_code=exit_.exit_code, signal=exit_.signal_name, reason=eff.reason,
-                 **{"class": verdict.cls.value, "classified_as": failure.cls.value})
+                 **{"class": verdict.cls.value, "classified_as": failure.cls.value}, **_claim(failure))
         log.warning("attempt %d ended: %s (%s)", state.attempt, verdict.cls.value,
                     "; ".join(failure.evidence[:1]) or f"status {exit_.status}")
         note_failure(ctx, state, failure, verdict.cls, eff.reason)
@@ -428,6 +429,12 @@ def will_be_held(version: Any, how: str, info: Any) -> str | None:
     return (f"Slurm {ver.release} will hold job {job} after this requeue (MaxBatchRequeue: requeue "
             f"{restarts + 1} of at most {DEFAULT_MAX_BATCH_REQUEUE}): it stays pending until released with "
             f"`scontrol release {job}` (or run it under `supervise submit`, which releases held jobs)")
+
+
+def _claim(failure: Any) -> dict[str, Any]:
+    """The event field for a scheduler cause the output printed and Slurm did not confirm."""
+    claim = getattr(failure, "text_claim", None)
+    return {"text_claim": claim} if claim else {}
 
 
 def _shield_kwargs(signals: tuple[int, ...]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import logging
 from typing import Any
 
 from ..events import Ev
+from ..failures import evidence_node
 from ..nodes import NodeLedger, current_exclusions, ledger_path, record_failure
 from ..states import FailureClass
 from .attempt import AttemptState
@@ -16,12 +17,23 @@ log = logging.getLogger("supervisor.run")
 
 
 def note_failure(ctx: RunContext, state: AttemptState, failure: Any, cls: FailureClass, reason: str) -> None:
-    """A failure of a hardware or suspect class counts against the node it happened on."""
+    """A failure of a hardware or suspect class counts against the node it happened on: the node
+    the output named when it is one of this job's nodes, else this node; a name from outside the
+    allocation is ignored, and said so (supervisor/failures/evidence.py)."""
     nodes = ctx.cfg.nodes
     if state.requeue_reason is not None or (cls.value not in nodes.hardware and cls.value not in nodes.suspect):
         return
+    allocation = (*ctx.slurm_env.node_names, *state.nodes)
+    if ctx.slurm_env.nodename is None:  # a local run: this host is the allocation
+        allocation = (*allocation, ctx.host)
+    target = evidence_node(failure.node, ctx.slurm_env.nodename or ctx.host, allocation)
+    if target.node is None:
+        ctx.emit(Ev.WARNING, attempt=state.attempt, reason=f"no node evidence recorded: {target.reason}",
+                 node=target.ignored, allocation=list(allocation))
+        log.warning("%s", target.reason)
+        return
     evidence = failure.evidence[0] if failure.evidence and cls is failure.cls else reason
-    ctx.note_node(record_failure(failure.node or ctx.slurm_env.nodename or ctx.host, cls.value, ts=ctx.clock.now(),
+    ctx.note_node(record_failure(target.node, cls.value, ts=ctx.clock.now(),
                                  run_dir=str(ctx.layout.paths.run_dir), job_id=ctx.slurm_env.job_id,
                                  attempt=state.attempt, evidence=evidence))
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..events import Ev
+from ..failures import SlurmEvidence
 from ..preemption import GUESSED_DEADLINES, Notice, after_block, arbitrate, notice_for
 from ..slurm.stop_cause import StopCause, StopVerdict, stop_cause
 from ..states import FailureClass
@@ -202,6 +203,20 @@ def settle_cause(notice: Notice | None, verdict: StopVerdict | None,
     if notice is None:
         return None, None
     return notice.failure_class, f"stop notice ({notice.signal or notice.source})"
+
+
+def slurm_evidence(notice: Notice | None, verdict: StopVerdict | None, cause: FailureClass | None,
+                   in_slurm: bool) -> SlurmEvidence:
+    """What the scheduler says about the attempt's end, for the classifier to weigh the text against
+    (supervisor/failures/evidence.py). ``cause``: :func:`settle_cause`'s class (from a notice and
+    the job record, or the notice alone when the record could not be read); a preemption, time
+    limit or node failure printed in the output counts only when it is one of those."""
+    record = None
+    fields = (verdict.fields or {}) if verdict is not None else {}
+    if fields.get("job_state"):
+        record = f"JobState={fields['job_state']}, " + ("PreemptTime set" if fields.get("preempt_time")
+                                                          else "no PreemptTime")
+    return SlurmEvidence(confirmed=cause, in_slurm=in_slurm, record=record, noticed=notice is not None)
 
 
 def read_stop_cause(ctx: RunContext, notice: Notice | None, timeout: float) -> StopVerdict | None:
