@@ -39,6 +39,7 @@ DECISION_MODULES = {
     "supervisor.config",  # the policy and budget tables the decisions are parameterised by
     "supervisor.policy", "supervisor.budget", "supervisor.ledger", "supervisor.preemption",
     "supervisor.failures", "supervisor.failures.patterns", "supervisor.failures.scan", "supervisor.failures.classify",
+    "supervisor.failures.evidence",
     "supervisor.checkpoints.resume", "supervisor.slurm.requeue_policy", "supervisor.slurm.stop_cause", "supervisor.slurm.grace",
     "supervisor.stall", "supervisor.slownode", "supervisor.run.stop", "supervisor.run.judge", "supervisor.run.layout", "supervisor.report.model",
     "supervisor.report.drift",
