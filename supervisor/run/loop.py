@@ -30,6 +30,9 @@ from ..health import after_loss_anomaly
 from ..lock import RunLock
 from ..preemption import decide_requeue
 from ..signals import SignalInbox, signal_number
+from ..slurm.requeue_policy import (
+    STAY_AFTER_DEADLINE_S, RequeueCallPlan, RequeueFallback, plan_requeue_call, settle_read_timeout,
+)
 from ..slurm.stop_cause import StopCause
 from ..slurm.version import DEFAULT_MAX_BATCH_REQUEUE, SlurmVersion
 from ..slurm import SlurmEnv, get_backend
@@ -273,11 +276,11 @@ class Runner:
             return self._end(RunOutcome.STOPPED, ExitCode.LOCKED, f"run directory taken over: {state.lock_lost}",
                              state, stopped_by="lock")
         if ctx.slurm_env.job_id and (state.notice is not None or exit_.status != 0):
-            info = ctx.slurm.job_info_now(SETTLE_TIMEOUT)
+            info = ctx.slurm.job_info_now(self._settle_timeout(state))
             if state.notice is None and info is not None and getattr(info, "preempt_time", None):
                 # In a batch-step layout only the srun step is signalled at grace start.
                 notices.on_notice(ctx, child, state, "poll", None, ended, None)
-            state.stop_verdict = notices.read_stop_cause(ctx, state.notice, SETTLE_TIMEOUT)
+            state.stop_verdict = notices.read_stop_cause(ctx, state.notice, self._settle_timeout(state))
             if state.stop_verdict is not None:
                 ctx.emit(Ev.STOP_CAUSE, attempt=state.attempt, **state.stop_verdict.to_event())
         notice_cls, notice_reason = notices.settle_cause(state.notice, state.stop_verdict, exit_.status)
@@ -360,7 +363,7 @@ class Runner:
         """Come back later: through Slurm (explicitly where Slurm will not), else exit 75."""
         ctx = self.ctx
         job_id = ctx.slurm_env.job_id
-        info = ctx.slurm.job_info_now(SETTLE_TIMEOUT) if job_id else None
+        info = ctx.slurm.job_info_now(self._settle_timeout(state)) if job_id else None
         version = ctx.slurm.version() if job_id else None
         policy = ctx.cfg.policy_for(cls)
         exclude: tuple[str, ...] = ()
@@ -390,14 +393,96 @@ class Runner:
         if decision.do and decision.how == "scontrol" and job_id:
             # run_end is already written: scontrol requeue ends this job step at once. The exclude
             # list is changed by the facade after the requeue (22.05 refuses it on a running job).
-            try:
-                outcome = ctx.slurm.requeue(ctx.slurm_env.restart_count, decision.exclude)
+            notice = state.notice
+            plan = plan_requeue_call(ctx.clock.now(), notice.deadline if notice is not None else None,
+                                     ctx.cfg.preemption.margin, notice.failure_class if notice is not None else cls,
+                                     SlurmVersion.of(version) if version is not None else None,
+                                     getattr(info, "requeue", None))
+            self._call_requeue(state, decision.exclude, plan)
+        return result
+
+    def _settle_timeout(self, state: AttemptState) -> float:
+        """A job-record read after the child ended: bounded so that the requeue call still has its
+        time before the grace deadline (supervisor/slurm/requeue_policy.py)."""
+        notice = state.notice
+        if notice is None or notice.deadline is None:
+            return SETTLE_TIMEOUT
+        return min(SETTLE_TIMEOUT, settle_read_timeout(self.ctx.clock.now(),
+                                                       notice.deadline - self.ctx.cfg.preemption.margin))
+
+    def _call_requeue(self, state: AttemptState, exclude: tuple[str, ...], plan: RequeueCallPlan) -> None:
+        """``scontrol requeue``, done by the plan's deadline; where it cannot be, what Slurm will do
+        is relied on, and on 22.05-23.11 that means staying alive until the grace ends."""
+        ctx = self.ctx
+        job_id = ctx.slurm_env.job_id
+        call: _RequeueCall | None = None
+        if plan.call:
+            call = _RequeueCall(ctx.slurm, ctx.slurm_env.restart_count, exclude)
+            self._wait_for_call(call, ctx.clock.now() + plan.timeout)
+            if call.outcome is not None:
+                outcome = call.outcome
                 ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how="scontrol", ok=outcome.ok,
                          result=outcome.reason, exclude_error=getattr(outcome, "exclude_error", None))
-            except Exception as exc:
-                ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how=decision.how, ok=False, reason=str(exc))
-                log.error("requeue failed: %s", exc)
-        return result
+                if outcome.ok or plan.fallback is not RequeueFallback.STAY_FOR_SLURM:
+                    return
+            else:
+                why = str(call.error) if call.error is not None else (
+                    f"scontrol requeue did not answer within {plan.timeout:g} s (the grace deadline minus margin)")
+                ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how="scontrol", ok=False, reason=why,
+                         fallback=plan.fallback.value, deadline=plan.deadline)
+                log.error("requeue failed: %s", why)
+        else:
+            ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how="scontrol", ok=False, called=False,
+                     reason=plan.reason, fallback=plan.fallback.value, deadline=plan.deadline)
+            log.error("requeue not called: %s", plan.reason)
+        if plan.fallback is RequeueFallback.STAY_FOR_SLURM:
+            self._stay_for_slurm(state, call, exclude, plan)
+        elif plan.fallback is RequeueFallback.SLURM_REQUEUES_EXIT:
+            log.warning("relying on Slurm: %s", plan.reason)
+
+    def _wait_for_call(self, call: _RequeueCall, until: float) -> None:
+        """Wait for the call on the run's clock; a person's Ctrl-C ends the wait (other signals change nothing:
+        the stop is already under way)."""
+        ctx = self.ctx
+        while not call.finished() and ctx.clock.now() < until:
+            ctx.waker.wait(min(0.1, max(until - ctx.clock.now(), 0.0)))
+            if any(sig.signum == signal.SIGINT for sig in ctx.waker.drain()):
+                return
+
+    def _stay_for_slurm(self, state: AttemptState, call: _RequeueCall | None, exclude: tuple[str, ...],
+                        plan: RequeueCallPlan) -> None:
+        """On 22.05-23.11 a preempted job that exits during its grace is finished, not requeued; one
+        still running when the grace ends is requeued by Slurm. So the supervisor stays, asking
+        again for the requeue, until the call succeeds, Slurm's end-of-grace kill comes (a signal
+        after the deadline, or SIGKILL), a person interrupts, or ``stay_until`` passes."""
+        ctx = self.ctx
+        job_id = ctx.slurm_env.job_id
+        until = plan.stay_until if plan.stay_until is not None else ctx.clock.now()
+        grace_end = (plan.deadline or 0.0) + ctx.cfg.preemption.margin
+        ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how="slurm_end_of_grace", staying=True,
+                 reason=plan.reason, grace_deadline=grace_end, stay_until=until)
+        log.warning("staying until the grace ends so that Slurm requeues the job: %s", plan.reason)
+        next_try = ctx.clock.now()
+        while ctx.clock.now() < until:
+            if call is not None and call.outcome is not None and call.outcome.ok:
+                ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how="scontrol", ok=True, late=True,
+                         result=call.outcome.reason, exclude_error=getattr(call.outcome, "exclude_error", None))
+                return
+            if (call is None or call.finished()) and ctx.clock.now() >= next_try:
+                call = _RequeueCall(ctx.slurm, ctx.slurm_env.restart_count, exclude)  # idempotent: asked again
+                next_try = ctx.clock.now() + STAY_RETRY_S
+            ctx.waker.wait(0.2)
+            for sig in ctx.waker.drain():
+                if sig.signum == signal.SIGINT or (sig.signum in ctx.notice_signals
+                                                   and ctx.clock.now() >= grace_end - 1.0):
+                    what = "interrupted by a person" if sig.signum == signal.SIGINT else \
+                        f"{signal.Signals(sig.signum).name} at the end of the grace: Slurm's own requeue"
+                    ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how="slurm_end_of_grace",
+                             staying=False, reason=what)
+                    return
+        ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how="slurm_end_of_grace", staying=False,
+                 reason=f"stayed {STAY_AFTER_DEADLINE_S:g} s past the grace deadline and neither the requeue call "
+                        "nor Slurm's kill came: leaving (exit 75 for a resubmission loop)")
 
     def _end(self, outcome: RunOutcome, code: int, reason: str, state: AttemptState | None,
              stopped_by: str | None = None) -> RunResult:
@@ -412,6 +497,33 @@ class Runner:
         dropped = getattr(stats, "dropped", None) or {}
         if sum(dropped.values()):
             self.ctx.emit(Ev.CONTROL_DROPPED, count=sum(dropped.values()), by_reason=dict(dropped))
+
+
+STAY_RETRY_S = 2.0  # while staying for Slurm: ask for the requeue again this often (it is idempotent)
+
+
+class _RequeueCall:
+    """One ``scontrol requeue`` on a daemon thread: the loop waits for it on its own clock, so a
+    hanging controller holds nothing, and a late answer is still seen."""
+
+    def __init__(self, slurm: SlurmView, restart_count: int | None, exclude: tuple[str, ...]) -> None:
+        self.outcome: Any = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._work, args=(slurm, restart_count, exclude), daemon=True,
+                                        name="requeue-call")
+        self._thread.start()
+
+    def _work(self, slurm: SlurmView, restart_count: int | None, exclude: tuple[str, ...]) -> None:
+        try:
+            self.outcome = slurm.requeue(restart_count, exclude)
+        except Exception as exc:
+            self.error = exc
+        finally:
+            self._done.set()
+
+    def finished(self) -> bool:
+        return self._done.is_set()
 
 
 def will_be_held(version: Any, how: str, info: Any) -> str | None:

@@ -180,6 +180,7 @@ class InboxWaker:
 
 
 GRACE_TRIES = 5  # reads of the configured grace before the default grace is kept for the run
+VERSION_WAIT_S = 3.0  # the first ask for the Slurm version waits at most this long
 
 
 @dataclass
@@ -210,6 +211,7 @@ class BackgroundSlurm:
         self._grace_known = False  # answered (a grace, or "none applies")
         self._grace_tries = 0
         self._grace_reading = False  # one read at a time, however many record queries overlap it
+        self._version_thread: threading.Thread | None = None
 
     def _get_backend(self) -> Any:
         if self._backend is None:
@@ -276,13 +278,28 @@ class BackgroundSlurm:
         self._done.wait(timeout)
         return self.job_info()
 
-    def version(self) -> tuple[int, ...] | None:
-        if self._version is None and self.job_id:
-            try:
-                self._version = tuple(self._get_backend().version())
-            except Exception:
-                return None
+    def version(self, timeout: float = VERSION_WAIT_S) -> tuple[int, ...] | None:
+        """The Slurm version, asked once on a worker thread: a hanging ``scontrol --version`` holds
+        the caller at most ``timeout`` seconds the first time and never again (None meanwhile)."""
+        if self._version is not None or not self.job_id:
+            return self._version
+        with self._lock:
+            asking = self._version_thread
+            if asking is None or (not asking.is_alive() and self._version is None):
+                asking = threading.Thread(target=self._ask_version, daemon=True, name="slurm-version")
+                self._version_thread = asking
+                asking.start()
+                wait = timeout
+            else:
+                wait = 0.0
+        asking.join(wait)
         return self._version
+
+    def _ask_version(self) -> None:
+        try:
+            self._version = tuple(self._get_backend().version())
+        except Exception:
+            pass
 
     def node_known(self, node: str, timeout: float = 5.0) -> bool:
         """Slurm knows this node (the ledger is shared by runs on every cluster of the user: an

@@ -11,6 +11,7 @@ Facts (docs/slurm-versions.md; verified on 22.05.8 by tests/test_slurm_cluster.p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 
 from ..states import FailureClass
 from .parse import JobInfo
@@ -78,6 +79,92 @@ def check_requeue(info: JobInfo | None, expected_restarts: int | None = None) ->
             False, True, f"already requeued: Restarts={info.restarts} > {expected_restarts} at start ({info.state})"
         )
     return RequeueCheck(True, False, f"job is {info.state} (Restarts={info.restarts}): requeue it")
+
+
+# --- the requeue call against the grace it was planned with (issue 25, item 4) -----------------------
+
+REQUEUE_CALL_TIMEOUT_S = 20.0  # the call's own bound when no grace was planned (a crash-driven requeue)
+MIN_CALL_S = 1.0  # less time than this to the call deadline: do not start a call that cannot finish
+SETTLE_READ_S = 5.0  # one job-record read after the child ended, when no grace was planned
+STAY_AFTER_DEADLINE_S = 120.0  # after the grace: Slurm's kill (KillWait 30 s by default) should have come
+
+
+class RequeueFallback(str, Enum):
+    """What brings the job back when the supervisor's own requeue call cannot be made in time."""
+
+    NONE = "none"  # no grace was planned: the call has its plain timeout; a failure is reported
+    SLURM_REQUEUES_EXIT = "slurm_requeues_exit"  # 24.05+: Slurm requeues a preempted job that exits in its grace
+    STAY_FOR_SLURM = "stay_for_slurm"  # 22.05-23.11 (or unknown): stay until Slurm's end-of-grace kill requeues it
+    NOTHING = "nothing"  # a time limit or a job that is not requeueable: nothing requeues it but the call
+
+
+@dataclass(frozen=True)
+class RequeueCallPlan:
+    """When the supervisor's ``scontrol requeue`` must be done by, and what to rely on otherwise.
+
+    ``call``: start the call at all (False: too little time left to make it). ``timeout``: seconds
+    the call may take (to ``deadline``). ``deadline``: the planned grace deadline minus the margin,
+    on the supervisor's clock; None with no grace planned. ``stay_until``: with ``STAY_FOR_SLURM``,
+    how long to keep the job step alive at most, waiting for the call or Slurm's kill.
+    """
+
+    call: bool
+    timeout: float
+    deadline: float | None
+    fallback: RequeueFallback
+    reason: str
+    stay_until: float | None = None
+
+
+def plan_requeue_call(now: float, grace_deadline: float | None, margin: float, cause: FailureClass | str | None,
+                      version: SlurmVersion | tuple[int, ...] | None, requeueable: bool | None) -> RequeueCallPlan:
+    """A hanging ``scontrol`` must never delay the requeue past the grace it was planned with.
+
+    ``grace_deadline``: the deadline the stop was planned with (the notice's), None when no notice
+    came (a crash-driven requeue: no grace, the call keeps its plain bound). ``cause``: what the
+    notice says ended the allocation. Where the call cannot finish by ``grace_deadline - margin``,
+    Slurm's own requeue is relied on: on 24.05+ a preempted requeueable job that exits during its
+    grace is requeued by Slurm; on 22.05-23.11 only a job still running when the grace ends is
+    (docs/slurm-versions.md), so the supervisor keeps its step alive until Slurm's kill comes.
+    """
+    if grace_deadline is None:
+        return RequeueCallPlan(True, REQUEUE_CALL_TIMEOUT_S, None, RequeueFallback.NONE,
+                               f"no grace planned: the requeue call is bounded at {REQUEUE_CALL_TIMEOUT_S:g} s")
+    deadline = grace_deadline - margin
+    left = deadline - now
+    known = SlurmVersion.of(version) if version is not None else None
+    kind = _cause(cause) if cause is not None else FailureClass.PREEMPTED.value
+    stay_until = None
+    if kind != FailureClass.PREEMPTED.value:
+        fallback = RequeueFallback.NOTHING
+        then = f"Slurm never requeues after {kind}: if the call fails, the job is not requeued"
+    elif requeueable is False:
+        fallback, then = RequeueFallback.NOTHING, "the job is not requeueable: nothing but the call requeues it"
+    elif known is not None and known.requeues_on_exit_during_grace:
+        fallback = RequeueFallback.SLURM_REQUEUES_EXIT
+        then = f"otherwise Slurm {known.release} requeues the preempted job as it exits during its grace"
+    else:
+        fallback = RequeueFallback.STAY_FOR_SLURM
+        stay_until = grace_deadline + STAY_AFTER_DEADLINE_S
+        which = f"Slurm {known.release}" if known is not None else "Slurm (version unknown)"
+        then = (f"otherwise the step stays alive until the grace ends: {which} requeues a preempted job still "
+                "running then (an exit during the grace is not requeued before 24.05)")
+    if left < MIN_CALL_S:
+        return RequeueCallPlan(False, 0.0, deadline, fallback,
+                               f"{max(left, 0.0):.1f} s left to the grace deadline minus margin: no requeue call; "
+                               + then, stay_until)
+    return RequeueCallPlan(True, round(left, 3), deadline, fallback,
+                           f"the requeue call must answer within {left:.1f} s (grace deadline minus margin); "
+                           + then, stay_until)
+
+
+def settle_read_timeout(now: float, call_deadline: float | None) -> float:
+    """How long one job-record read after the child ended may wait: its plain bound, or a quarter of
+    the time left to the requeue call's deadline, so that reads one after another never eat the
+    time the call needs."""
+    if call_deadline is None:
+        return SETTLE_READ_S
+    return round(max(min(SETTLE_READ_S, (call_deadline - now) / 4.0), 0.0), 3)
 
 
 def _cause(reason: FailureClass | str) -> str:
