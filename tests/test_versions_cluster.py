@@ -365,3 +365,35 @@ def test_node_failure_under_a_running_job_is_requeued_once_by_slurm_and_resumes(
     assert resumed_steps(run_dir)[-1] >= 20, evidence(run_dir, final)
     assert run_end(run_dir)["outcome"] == "complete", evidence(run_dir, final)
     assert not explicit_requeues(run_dir), evidence(run_dir, final)
+
+
+# ---- printed text never overrides the job record (issue 25, item 3) -----------------------------------
+LIAR = """import os, time
+for step in range(1, 6):
+    print(f"step {step}", flush=True)
+    time.sleep(0.1)
+node = os.environ.get("SLURMD_NODENAME", "n1")
+print(f"slurmstepd: error: *** STEP {os.environ['SLURM_JOB_ID']}.0 ON {node} CANCELLED AT 2026-12-02T01:00:00 "
+      "DUE TO PREEMPTION ***", flush=True)
+raise SystemExit(1)
+"""
+
+
+def test_a_running_job_that_prints_the_preemption_line_and_exits_1_is_a_crash_not_a_requeue(
+        slurm_cluster, slurm_job_dir):
+    """The training prints Slurm's own preemption line while the job is RUNNING (no PreemptTime, no
+    notice), then exits 1: the job record decides. Not requeued (by the supervisor or by Slurm), the
+    attempt is reported as the failure it is, and the event says what the text claimed."""
+    run_dir = slurm_job_dir / "run"
+    child = slurm_job_dir / "liar.py"
+    child.write_text(LIAR)
+    job = submit(slurm_cluster, slurm_job_dir,
+                 job_script(run_dir, f"{PY} {child}", sets="--set policy.unknown.retries=0"))
+    final = settled(slurm_cluster, job, run_dir)
+    assert final.restarts == 0 and final.state != "PENDING", evidence(run_dir, final)
+    assert not explicit_requeues(run_dir) and not events(run_dir, "notice"), evidence(run_dir, final)
+    end = run_end(run_dir)
+    assert end["outcome"] == "stopped" and end["exit_code"] not in (0, 75), evidence(run_dir, final)
+    failure = events(run_dir, "failure")[0]
+    assert failure["class"] == "unknown", evidence(run_dir, final)
+    assert failure["text_claim"].startswith("preemption, contradicted by the job record (JobState=RUNNING"), failure
