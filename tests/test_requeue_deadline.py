@@ -1,8 +1,8 @@
 """A hanging ``scontrol`` never delays the requeue past the grace it was planned with (issue 25, item 4).
 
 Measured before: with ``scontrol`` hanging 30 s, the child was stopped at once but the requeue call
-came back at +35 s to +78 s, past a 30 s grace. Now the call has its own deadline (the grace
-deadline minus the margin); where it cannot answer by then, Slurm's own requeue is relied on: on
+came back at +35 s to +78 s, past a 30 s grace. Now the call has its own deadline (1 s, or
+``preemption.margin`` if less, before the grace ends); where it cannot answer by then, Slurm's own requeue is relied on: on
 24.05+ an exit during the grace is requeued by Slurm; on 22.05-23.11 it is not, so the supervisor
 stays alive until the grace ends and Slurm's kill requeues the job. Plain data, the loop on fakes,
 then a real supervisor with a stand-in ``scontrol`` that hangs.
@@ -30,20 +30,21 @@ TERM = signal.SIGTERM
 # --------------------------------------------------------------------------------------------- plain data
 
 
-def test_the_call_is_bounded_by_the_grace_deadline_minus_the_margin():
+def test_the_call_is_bounded_by_a_deadline_just_before_the_grace_ends():
     plan = plan_requeue_call(100.0, 130.0, 3.0, FC.PREEMPTED, (22, 5, 8), True)
-    assert plan.call and plan.timeout == 27.0 and plan.deadline == 127.0
+    assert plan.call and plan.timeout == 29.0 and plan.deadline == 129.0  # 1 s (or the margin, if less) before
+    assert plan_requeue_call(100.0, 130.0, 0.5, FC.PREEMPTED, (22, 5, 8), True).deadline == 129.5
     assert plan.fallback is RequeueFallback.STAY_FOR_SLURM and plan.stay_until is not None
 
 
 def test_no_call_once_the_deadline_is_too_close_and_what_is_relied_on_depends_on_the_version():
-    late = plan_requeue_call(126.5, 130.0, 3.0, FC.PREEMPTED, (22, 5, 8), True)
+    late = plan_requeue_call(128.7, 130.0, 3.0, FC.PREEMPTED, (22, 5, 8), True)
     assert not late.call and late.fallback is RequeueFallback.STAY_FOR_SLURM
-    assert plan_requeue_call(126.5, 130.0, 3.0, FC.PREEMPTED, (24, 11, 0), True).fallback \
+    assert plan_requeue_call(128.7, 130.0, 3.0, FC.PREEMPTED, (24, 11, 0), True).fallback \
         is RequeueFallback.SLURM_REQUEUES_EXIT
-    assert plan_requeue_call(126.5, 130.0, 3.0, FC.PREEMPTED, None, True).fallback is RequeueFallback.STAY_FOR_SLURM
-    assert plan_requeue_call(126.5, 130.0, 3.0, FC.PREEMPTED, (22, 5, 8), False).fallback is RequeueFallback.NOTHING
-    assert plan_requeue_call(126.5, 130.0, 3.0, FC.TIME_LIMIT, (22, 5, 8), True).fallback is RequeueFallback.NOTHING
+    assert plan_requeue_call(128.7, 130.0, 3.0, FC.PREEMPTED, None, True).fallback is RequeueFallback.STAY_FOR_SLURM
+    assert plan_requeue_call(128.7, 130.0, 3.0, FC.PREEMPTED, (22, 5, 8), False).fallback is RequeueFallback.NOTHING
+    assert plan_requeue_call(128.7, 130.0, 3.0, FC.TIME_LIMIT, (22, 5, 8), True).fallback is RequeueFallback.NOTHING
 
 
 def test_without_a_notice_the_call_keeps_its_plain_bound():
@@ -93,7 +94,7 @@ def test_22_05_a_hanging_requeue_gives_up_by_the_deadline_then_stays_until_slurm
     notice = events_named(w["run_dir"], "notice")[0]
     requeues = events_named(w["run_dir"], "requeue")
     gave_up = next(e for e in requeues if e.get("how") == "scontrol" and e.get("ok") is False)
-    assert gave_up["ts"] <= notice["deadline"] - 3.0 and gave_up["fallback"] == "stay_for_slurm"
+    assert gave_up["ts"] <= notice["deadline"] - 1.0 and gave_up["fallback"] == "stay_for_slurm"
     staying = next(e for e in requeues if e.get("staying") is True)
     assert staying["ts"] < notice["deadline"]
     left = next(e for e in requeues if e.get("staying") is False)

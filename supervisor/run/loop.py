@@ -31,7 +31,7 @@ from ..lock import RunLock
 from ..preemption import decide_requeue
 from ..signals import SignalInbox, signal_number
 from ..slurm.requeue_policy import (
-    STAY_AFTER_DEADLINE_S, RequeueCallPlan, RequeueFallback, plan_requeue_call, settle_read_timeout,
+    STAY_AFTER_DEADLINE_S, RequeueCallPlan, RequeueFallback, call_deadline, plan_requeue_call, settle_read_timeout,
 )
 from ..slurm.stop_cause import StopCause
 from ..slurm.version import DEFAULT_MAX_BATCH_REQUEUE, SlurmVersion
@@ -407,8 +407,8 @@ class Runner:
         notice = state.notice
         if notice is None or notice.deadline is None:
             return SETTLE_TIMEOUT
-        return min(SETTLE_TIMEOUT, settle_read_timeout(self.ctx.clock.now(),
-                                                       notice.deadline - self.ctx.cfg.preemption.margin))
+        deadline = call_deadline(notice.deadline, self.ctx.cfg.preemption.margin)
+        return min(SETTLE_TIMEOUT, settle_read_timeout(self.ctx.clock.now(), deadline))
 
     def _call_requeue(self, state: AttemptState, exclude: tuple[str, ...], plan: RequeueCallPlan) -> None:
         """``scontrol requeue``, done by the plan's deadline; where it cannot be, what Slurm will do
@@ -427,7 +427,7 @@ class Runner:
                     return
             else:
                 why = str(call.error) if call.error is not None else (
-                    f"scontrol requeue did not answer within {plan.timeout:g} s (the grace deadline minus margin)")
+                    f"scontrol requeue did not answer within {plan.timeout:g} s (its deadline, before the grace ends)")
                 ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how="scontrol", ok=False, reason=why,
                          fallback=plan.fallback.value, deadline=plan.deadline)
                 log.error("requeue failed: %s", why)
@@ -458,7 +458,8 @@ class Runner:
         ctx = self.ctx
         job_id = ctx.slurm_env.job_id
         until = plan.stay_until if plan.stay_until is not None else ctx.clock.now()
-        grace_end = (plan.deadline or 0.0) + ctx.cfg.preemption.margin
+        notice = state.notice
+        grace_end = notice.deadline if notice is not None and notice.deadline is not None else ctx.clock.now()
         ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id, how="slurm_end_of_grace", staying=True,
                  reason=plan.reason, grace_deadline=grace_end, stay_until=until)
         log.warning("staying until the grace ends so that Slurm requeues the job: %s", plan.reason)

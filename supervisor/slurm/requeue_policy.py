@@ -84,7 +84,8 @@ def check_requeue(info: JobInfo | None, expected_restarts: int | None = None) ->
 # --- the requeue call against the grace it was planned with (issue 25, item 4) -----------------------
 
 REQUEUE_CALL_TIMEOUT_S = 20.0  # the call's own bound when no grace was planned (a crash-driven requeue)
-MIN_CALL_S = 1.0  # less time than this to the call deadline: do not start a call that cannot finish
+MIN_CALL_S = 0.5  # less time than this to the call deadline: do not start a call that cannot finish
+CALL_MARGIN_S = 1.0  # the call must be answered this long before the grace ends (or preemption.margin, if less)
 SETTLE_READ_S = 5.0  # one job-record read after the child ended, when no grace was planned
 STAY_AFTER_DEADLINE_S = 120.0  # after the grace: Slurm's kill (KillWait 30 s by default) should have come
 
@@ -103,14 +104,15 @@ class RequeueCallPlan:
     """When the supervisor's ``scontrol requeue`` must be done by, and what to rely on otherwise.
 
     ``call``: start the call at all (False: too little time left to make it). ``timeout``: seconds
-    the call may take (to ``deadline``). ``deadline``: the planned grace deadline minus the margin,
-    on the supervisor's clock; None with no grace planned. ``stay_until``: with ``STAY_FOR_SLURM``,
-    how long to keep the job step alive at most, waiting for the call or Slurm's kill.
+    the call may take (to ``deadline``). ``deadline``: the planned grace deadline minus the call
+    margin (:func:`call_deadline`), on the supervisor's clock; None with no grace planned.
+    ``stay_until``: with ``STAY_FOR_SLURM``, how long to keep the job step alive at most, waiting
+    for the call or Slurm's kill.
     """
 
     call: bool
     timeout: float
-    deadline: float | None
+    deadline: float | None  # the call's deadline: the grace deadline minus the call margin
     fallback: RequeueFallback
     reason: str
     stay_until: float | None = None
@@ -121,8 +123,9 @@ def plan_requeue_call(now: float, grace_deadline: float | None, margin: float, c
     """A hanging ``scontrol`` must never delay the requeue past the grace it was planned with.
 
     ``grace_deadline``: the deadline the stop was planned with (the notice's), None when no notice
-    came (a crash-driven requeue: no grace, the call keeps its plain bound). ``cause``: what the
-    notice says ended the allocation. Where the call cannot finish by ``grace_deadline - margin``,
+    came (a crash-driven requeue: no grace, the call keeps its plain bound). ``margin``:
+    ``preemption.margin``. ``cause``: what the notice says ended the allocation. Where the call
+    cannot finish by :func:`call_deadline`,
     Slurm's own requeue is relied on: on 24.05+ a preempted requeueable job that exits during its
     grace is requeued by Slurm; on 22.05-23.11 only a job still running when the grace ends is
     (docs/slurm-versions.md), so the supervisor keeps its step alive until Slurm's kill comes.
@@ -130,7 +133,7 @@ def plan_requeue_call(now: float, grace_deadline: float | None, margin: float, c
     if grace_deadline is None:
         return RequeueCallPlan(True, REQUEUE_CALL_TIMEOUT_S, None, RequeueFallback.NONE,
                                f"no grace planned: the requeue call is bounded at {REQUEUE_CALL_TIMEOUT_S:g} s")
-    deadline = grace_deadline - margin
+    deadline = call_deadline(grace_deadline, margin)
     left = deadline - now
     known = SlurmVersion.of(version) if version is not None else None
     kind = _cause(cause) if cause is not None else FailureClass.PREEMPTED.value
@@ -149,13 +152,20 @@ def plan_requeue_call(now: float, grace_deadline: float | None, margin: float, c
         which = f"Slurm {known.release}" if known is not None else "Slurm (version unknown)"
         then = (f"otherwise the step stays alive until the grace ends: {which} requeues a preempted job still "
                 "running then (an exit during the grace is not requeued before 24.05)")
+    before = f"{grace_deadline - deadline:g} s before the grace ends"
     if left < MIN_CALL_S:
         return RequeueCallPlan(False, 0.0, deadline, fallback,
-                               f"{max(left, 0.0):.1f} s left to the grace deadline minus margin: no requeue call; "
+                               f"{max(left, 0.0):.1f} s left to the call's deadline ({before}): no requeue call; "
                                + then, stay_until)
     return RequeueCallPlan(True, round(left, 3), deadline, fallback,
-                           f"the requeue call must answer within {left:.1f} s (grace deadline minus margin); "
-                           + then, stay_until)
+                           f"the requeue call must answer within {left:.1f} s (by {before}); " + then, stay_until)
+
+
+def call_deadline(grace_deadline: float, margin: float) -> float:
+    """When the requeue call must have answered: ``CALL_MARGIN_S`` (or ``preemption.margin``, if
+    less) before the grace deadline. A call still running then changes nothing: on 22.05-23.11 the
+    supervisor is still alive when Slurm's end-of-grace requeue comes."""
+    return grace_deadline - min(max(margin, 0.0), CALL_MARGIN_S)
 
 
 def settle_read_timeout(now: float, call_deadline: float | None) -> float:
