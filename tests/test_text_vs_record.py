@@ -57,7 +57,7 @@ def test_the_same_lines_count_when_slurm_confirms_the_end():
 
 def test_a_local_run_says_there_is_no_slurm_to_confirm_it():
     failure = classify(1, None, PREEMPT_LINE + "\n")
-    assert "not a Slurm job" in failure.text_claim and failure.cls is FC.UNKNOWN
+    assert "no Slurm job record" in failure.text_claim and failure.cls is FC.UNKNOWN
 
 
 def test_the_evidence_the_loop_builds_from_a_running_record_confirms_nothing():
@@ -115,7 +115,7 @@ def test_a_local_run_that_prints_preemption_then_exits_1_is_not_requeued(tmp_pat
     result = runner.run()
     assert result.outcome is RunOutcome.STOPPED and result.exit_code != 75
     failure = events_named(w["run_dir"], "failure")[0]
-    assert failure["class"] == "unknown" and "not a Slurm job" in failure["text_claim"]
+    assert failure["class"] == "unknown" and "no Slurm job record" in failure["text_claim"]
 
 
 def test_a_printed_node_failure_on_another_node_adds_no_evidence_and_excludes_nothing(tmp_path: Path):
@@ -195,3 +195,16 @@ def test_real_child_printing_preemption_with_the_record_running_is_a_crash_not_a
     assert failure["text_claim"].startswith("preemption, contradicted by the job record (JobState=RUNNING")
     assert not events_named(run_dir, "requeue")
     assert read_events(run_dir)[-1]["event"] == "run_end"
+
+
+def test_supervise_classify_shows_the_claim_and_takes_slurms_word_by_hand():
+    from click.testing import CliRunner
+
+    from supervisor.cli import main
+
+    log = str(Path(__file__).parent / "data" / "logs" / "slurm_preempted.log")
+    alone = CliRunner().invoke(main, ["classify", log, "--exit-code", "143"])
+    assert alone.exit_code == 0 and "class:    preempted" not in alone.output
+    assert "text claim: preemption, not confirmed: no Slurm job record" in alone.output
+    told = CliRunner().invoke(main, ["classify", log, "--exit-code", "143", "--slurm-says", "preempted"])
+    assert told.exit_code == 0 and "class:    preempted" in told.output and "text claim" not in told.output

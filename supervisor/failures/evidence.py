@@ -52,7 +52,8 @@ class SlurmEvidence:
         word = CLAIM_WORDS.get(claimed, claimed.value)
         notice = "a notice came" if self.noticed else "no notice signal came"
         if not self.in_slurm:
-            return f"{word}, not confirmed: not a Slurm job (no job record, {notice}); text alone decides nothing"
+            return (f"{word}, not confirmed: no Slurm job record and {notice} (a local run, or a log read "
+                    "without one); text alone decides nothing")
         if self.record is None:
             return f"{word}, not confirmed: the job record could not be read and {notice}"
         return f"{word}, contradicted by the job record ({self.record}; {notice})"
