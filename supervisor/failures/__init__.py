@@ -11,6 +11,9 @@ How the first failure is found (the table :data:`DEFAULT_PATTERNS` holds the evi
 * Every pattern has a *priority*. ``VERDICT`` (0): the scheduler or the kernel says how the job
   ended (preemption, time limit, node failure, OOM kill, a person's scancel); it wins wherever it
   appears, because the allocation is gone whatever the training printed while it was being taken.
+  But a preemption, time limit or node failure counts only when Slurm confirms it (``slurm=``, a
+  :class:`SlurmEvidence` built from the notice and the job record): any program can print Slurm's
+  line, so unconfirmed it is set aside and recorded as ``Failure.text_claim``.
   ``CAUSE`` (1): a root cause (a CUDA error, a segfault, a Python exception, a network error).
   ``CONSEQUENCE`` (2): what a failure elsewhere leads to (NCCL watchdog timeouts, a peer's lost
   connection, a launcher's report of how one worker died: torchrun's ``ChildFailedError`` summary,
