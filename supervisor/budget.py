@@ -130,7 +130,8 @@ def _requeues_without_progress(records: Sequence[AttemptRecord], progress: Seque
 
 @dataclass(frozen=True)
 class FailureRate:
-    """The newest ``failures`` failures and the durable progress made from the first of them on."""
+    """The newest ``failures`` failures, the durable progress made from the first of them on (steps
+    *kept*), and the steps those attempts *lost* (None when no attempt of them knows its loss)."""
 
     failures: int
     progress: int
@@ -138,6 +139,8 @@ class FailureRate:
     last_attempt: int
     from_step: int
     to_step: int
+    lost: int | None = None
+    lost_at_least: bool = False
 
     @property
     def per_failure(self) -> float:
@@ -155,7 +158,10 @@ def _failure_rate(records: Sequence[AttemptRecord], window: int) -> FailureRate 
     start, end = start_step(first), durable_end(records[-1], None)
     if start is None or end is None:
         return None
-    return FailureRate(window, end - start, first.attempt, records[-1].attempt, start, end)
+    known = [r for r in records[crashes[-window]:] if r.steps_lost is not None]
+    lost = sum(r.steps_lost or 0 for r in known) if known else None
+    return FailureRate(window, end - start, first.attempt, records[-1].attempt, start, end, lost,
+                       any(r.steps_lost_at_least for r in known))
 
 
 def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job_id: str | None) -> BudgetVerdict:
@@ -203,7 +209,7 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
         "requeues_without_progress": requeues, "restarts_from_scratch": len(scratch),
         "failure_rate": None if rate is None else {
             "failures": rate.failures, "durable_progress": rate.progress, "from_attempt": rate.first_attempt,
-            "steps_per_failure": round(rate.per_failure, 1)},
+            "steps_per_failure": round(rate.per_failure, 1), "steps_lost": rate.lost},
     }
     lost_text = f"{'≥' if at_least else ''}{total_lost}"
 
@@ -246,6 +252,13 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
                     f"{rate.last_attempt}) came with {rate.progress} steps of durable progress (step "
                     f"{rate.from_step} to {rate.to_step}), {rate.per_failure:.0f} per failure; at least "
                     f"{b.min_steps_per_failure} per failure")
+    if (b.min_kept_per_lost is not None and rate is not None and rate.lost is not None
+            and rate.progress < b.min_kept_per_lost * rate.lost):
+        return stop("min_kept_per_lost",
+                    f"failure rate: the last {rate.failures} failures (attempts {rate.first_attempt}-"
+                    f"{rate.last_attempt}) kept {rate.progress} steps (durable progress, step {rate.from_step} "
+                    f"to {rate.to_step}) and lost {'≥' if rate.lost_at_least else ''}{rate.lost}; at least "
+                    f"{b.min_kept_per_lost:g} step(s) kept per step lost")
     if b.max_steps_lost is not None and total_lost > b.max_steps_lost:
         return stop("max_steps_lost", f"{lost_text} steps lost across the run; at most {b.max_steps_lost}")
     if (b.max_steps_lost_fraction is not None and fraction is not None and losses >= MIN_LOSSES_FOR_FRACTION
@@ -261,6 +274,10 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
     if rate is not None:
         parts.append(f"{rate.per_failure:.0f} steps of durable progress per failure over the last "
                      f"{rate.failures}" + (f" (min {b.min_steps_per_failure})" if b.min_steps_per_failure else ""))
+        if rate.lost is not None:
+            parts.append(f"{rate.progress} steps kept for {'≥' if rate.lost_at_least else ''}{rate.lost} lost over "
+                         f"the last {rate.failures} failures"
+                         + (f" (min {b.min_kept_per_lost:g} per step lost)" if b.min_kept_per_lost else ""))
     if requeues:
         parts.append(f"{requeues} requeue(s) without progress" + _of(b.max_requeues_without_progress))
     return BudgetVerdict(True, None, "within budget: " + ", ".join(parts), numbers)

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import shlex
 import types
 import typing
 from collections.abc import Mapping
@@ -51,9 +52,10 @@ class BudgetConfig:
     same_failure_limit: int | None = 3  # same class at the same step this many times: stop
     on_resume_mismatch: str = "stop"  # stop | warn: child started elsewhere than the resume point
     min_durable_progress: int = 1  # steps saved past its resume point for an attempt to count as progress
-    min_steps_per_failure: int | None = 50  # absolute failure rate: the last failure_rate_window failures
-    failure_rate_window: int = 5  # ... need at least this many steps of durable progress each, on average
-    min_kept_per_lost: float | None = None  # scale-free failure rate: over the last failure_rate_window failures,
+    min_steps_per_failure: int | None = None  # absolute failure rate (opt-in): the last failure_rate_window
+    # failures need at least this many steps of durable progress each, on average (steps differ between trainings)
+    failure_rate_window: int = 5
+    min_kept_per_lost: float | None = 1.0  # scale-free failure rate: over the last failure_rate_window failures,
     # the steps kept (durable progress) must be at least this multiple of the steps lost
     max_requeues_without_progress: int | None = 3  # preemptions / time limits in a row that saved nothing new
     max_restarts_from_scratch: int | None = 0  # restarts from step 0 after a checkpoint was saved (only copy lost)
@@ -475,6 +477,13 @@ def _build_policy(value: Any, key: str, source: str) -> dict[FailureClass, Class
 def _validate(cfg: SupervisorConfig) -> None:
     if cfg.resume_arg is not None:
         _check_placeholders("resume_arg", cfg.resume_arg)
+        try:
+            parts = shlex.split(cfg.resume_arg)
+        except ValueError as exc:  # an unbalanced quote: the split would be a guess
+            raise ConfigError("resume_arg", cfg.resume_arg, f"cannot be split like a shell command ({exc}); "
+                                                            "balance the quotes") from None
+        if not parts:
+            raise ConfigError("resume_arg", cfg.resume_arg, "expected a flag, e.g. '--ckpt_path {path}'")
     for item in cfg.resume_env:
         name, eq, template = item.partition("=")
         if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
@@ -514,6 +523,10 @@ def _validate(cfg: SupervisorConfig) -> None:
         raise ConfigError("slowdown_fraction", cfg.slowdown_fraction, "expected a fraction between 0 and 1")
     if cfg.loss_policy not in ("warn", "stop"):
         raise ConfigError("loss_policy", cfg.loss_policy, "allowed: warn, stop")
+    kept = cfg.budget.min_kept_per_lost
+    if kept is not None and not (math.isfinite(kept) and kept > 0):
+        raise ConfigError("budget.min_kept_per_lost", kept, "expected a number > 0 (e.g. 1.0: keep at least as many "
+                                                           "steps as are lost), or null for no limit")
     if cfg.budget.on_resume_mismatch not in ("stop", "warn"):
         raise ConfigError("budget.on_resume_mismatch", cfg.budget.on_resume_mismatch, "allowed: stop, warn")
     if cfg.preemption.requeue not in ("auto", "always", "never"):

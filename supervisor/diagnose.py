@@ -252,7 +252,10 @@ def plan_diagnosis(events: Sequence[Event], failure: FailureToDiagnose, *, check
     if ckpt_dir:
         command, redirected = redirect_checkpoint_args(command, ckpt_dir, scratch_ckpt,
                                                        keep=[resume_path] if resume_path else [], cwd=run_cwd)
-    plan = child_plan(SupervisorConfig(resume_arg=resume_arg), command, environ, layout, attempt=failure.attempt,
+    env_items = config.get("resume_env")
+    resume_env = tuple(str(x) for x in env_items) if isinstance(env_items, (list, tuple)) else ()
+    plan = child_plan(SupervisorConfig(resume_arg=resume_arg, resume_env=resume_env), command, environ, layout,
+                      attempt=failure.attempt,
                       resume_path=resume_path, resume_step=resume_step, control_address="", control_key="")
     env = {k: v for k, v in plan.env.items() if k not in _DROPPED_ENV}
     determinism = (manifest or {}).get("determinism")

@@ -170,8 +170,9 @@ def test_the_same_crash_without_the_same_step_budget_is_stopped_by_the_class_ret
     assert "native_crash 4 times in a row" in run.reason and "every time from step 30" in run.reason
 
 
-def test_a_crash_every_5_steps_of_progress_is_stopped_by_the_failure_rate():
-    run = play(lambda n, start: End(FC.NATIVE_CRASH, start + 6), total=1000, save_every=5)
+def test_a_crash_every_5_steps_of_progress_is_stopped_by_the_absolute_failure_rate_when_asked():
+    run = play(lambda n, start: End(FC.NATIVE_CRASH, start + 6), total=1000, save_every=5,
+               budget=BudgetConfig(min_steps_per_failure=50))
     assert run.outcome == "stopped" and run.stopped_by == "min_steps_per_failure"
     assert run.attempts == 5  # the window: five failures
     assert "the last 5 failures" in run.reason and "25 steps of durable progress" in run.reason
@@ -182,8 +183,34 @@ def test_a_crash_every_5_steps_of_progress_is_stopped_by_the_failure_rate():
 
 def test_the_failure_rate_budget_can_be_switched_off():
     run = play(lambda n, start: End(FC.NATIVE_CRASH, start + 6) if n <= 8 else None, total=100, save_every=5,
-               budget=BudgetConfig(min_steps_per_failure=None))
+               budget=BudgetConfig(min_steps_per_failure=None, min_kept_per_lost=None))
     assert run.outcome == "complete" and run.attempts == 9
+
+
+def test_a_crash_every_20_steps_with_saves_every_10_completes_under_the_default_config():
+    """Issue 21: it keeps 20 steps for every 5 it loses. Steps are not comparable across trainings,
+    so the default rate budget weighs steps kept against steps lost, never an absolute count."""
+    ends = lambda n, start: End(FC.NATIVE_CRASH, start + 25) if start + 25 < 200 else None
+    run = play(ends, total=200, save_every=10)
+    assert run.outcome == "complete", run.reason
+    assert run.attempts == 10 and all(action == "restart" for action, _ in run.decisions)
+    verdict = run_verdict(run.events, BudgetConfig())
+    assert verdict.ok, verdict.reason
+    assert "steps kept for ≥25 lost over the last 5 failures (min 1 per step lost)" in verdict.reason
+    # The old absolute default (50 steps of progress per failure) stopped this run at its fifth crash.
+    old = play(ends, total=200, save_every=10, budget=BudgetConfig(min_steps_per_failure=50, min_kept_per_lost=None))
+    assert old.outcome == "stopped" and old.stopped_by == "min_steps_per_failure" and old.attempts == 5
+
+
+def test_a_run_that_loses_more_than_it_keeps_is_stopped_by_the_scale_free_rate():
+    """Odd attempts save step +50 and die 1 step later; even ones die 1 step before their first save
+    (another class, so no retry count grows). Attempts 2-6 keep 100 steps and lose 149."""
+    ends = lambda n, start: End(FC.NATIVE_CRASH, start + 51) if n % 2 else End(FC.ILLEGAL_MEMORY_ACCESS, start + 49)
+    run = play(ends, total=2000, save_every=50, budget=BudgetConfig(max_steps_lost_fraction=None))
+    assert run.outcome == "stopped" and run.stopped_by == "min_kept_per_lost", run.reason
+    assert run.attempts == 6
+    assert "kept 100 steps (durable progress, step 50 to 150) and lost ≥149" in run.reason
+    assert "at least 1 step(s) kept per step lost" in run.reason
 
 
 def test_crashes_from_the_same_resume_point_in_different_classes_are_still_stopped():
@@ -194,6 +221,10 @@ def test_crashes_from_the_same_resume_point_in_different_classes_are_still_stopp
     assert run.outcome == "stopped" and run.stopped_by == "max_steps_lost_fraction" and run.attempts == 3
     assert all("1st in a row without durable progress" in reason for _, reason in run.decisions)
     run = play(ends, total=100, save_every=50, budget=BudgetConfig(max_steps_lost_fraction=None))
+    assert run.outcome == "stopped" and run.stopped_by == "min_kept_per_lost" and run.attempts == 5
+    assert "kept 0 steps" in run.reason
+    run = play(ends, total=100, save_every=50, budget=BudgetConfig(max_steps_lost_fraction=None,
+                                                                   min_kept_per_lost=None, min_steps_per_failure=50))
     assert run.outcome == "stopped" and run.stopped_by == "min_steps_per_failure" and run.attempts == 5
     assert "0 steps of durable progress" in run.reason
 
@@ -277,7 +308,8 @@ def test_budget_keys_old_and_new_load_from_yaml_keys(tmp_path):
     assert (budget.min_steps_per_failure, budget.results_check_crash_free_steps) == (10, 500)
     defaults = load_config(environ={}).budget
     assert (defaults.min_durable_progress, defaults.max_requeues_without_progress, defaults.min_steps_per_failure,
-            defaults.failure_rate_window, defaults.max_restarts_from_scratch) == (1, 3, 50, 5, 0)
+            defaults.failure_rate_window, defaults.max_restarts_from_scratch) == (1, 3, None, 5, 0)
+    assert defaults.min_kept_per_lost == 1.0
 
 
 def test_a_bad_budget_value_is_one_clear_line(tmp_path):

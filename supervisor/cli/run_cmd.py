@@ -17,7 +17,11 @@ from .common import handle_errors
 @click.option("--run-dir", help="Run directory shared by every attempt and requeue [./runs/NAME].")
 @click.option("--name", help="Run name [the training script's name].")
 @click.option("--checkpoint-dir", help="Checkpoint directory to validate and resume from [RUN_DIR/checkpoints].")
-@click.option("--resume-arg", help="Appended to the command when resuming, e.g. '--ckpt_path {path}'.")
+@click.option("--resume-arg", help="Appended to the command when resuming: '--ckpt_path {path}', "
+              "'+trainer.ckpt_path={path}', or a fixed flag such as '--init_from=resume' ({path}, {dir}, {step}; "
+              "split like a shell command; docs/resume.md).")
+@click.option("--resume-env", "resume_env", multiple=True, metavar="NAME=VALUE",
+              help="Set in the child's environment when resuming, e.g. RESUME_FROM={path} (repeatable).")
 @click.option("--step-regex", help="Regex with one group capturing the step in the child's output.")
 @click.option("--stall-timeout", type=float, help="Seconds without progress before the child is killed as hung.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config key (dotted).")
@@ -25,7 +29,8 @@ from .common import handle_errors
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @handle_errors
 def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpoint_dir: str | None,
-        resume_arg: str | None, step_regex: str | None, stall_timeout: float | None,
+        resume_arg: str | None, resume_env: tuple[str, ...], step_regex: str | None,
+        stall_timeout: float | None,
         sets: tuple[str, ...], quiet: bool, command: tuple[str, ...]) -> None:
     """Run CMD as a supervised child: restart it after native crashes, resume it from the newest
     valid checkpoint, handle preemption notices, and record everything in RUN_DIR/supervisor/.
@@ -38,7 +43,8 @@ def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpo
         raise UsageError("missing the training command after '--' (e.g. supervise run -- python train.py)")
     cfg = load_config(config_file, sets=sets, cli={
         "run_dir": run_dir, "name": name, "checkpoint_dir": checkpoint_dir,
-        "resume_arg": resume_arg, "step_regex": step_regex, "stall_timeout": stall_timeout,
+        "resume_arg": resume_arg, "resume_env": list(resume_env) or None, "step_regex": step_regex,
+        "stall_timeout": stall_timeout,
     })
     from ..run import Runner
 

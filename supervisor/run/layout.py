@@ -12,8 +12,9 @@ ignore and gets the signal exactly as before.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Mapping, Sequence
 
 from ..config import SupervisorConfig
@@ -52,23 +53,91 @@ def layout_for(cfg: SupervisorConfig, argv: Sequence[str], environ: Mapping[str,
 
 @dataclass(frozen=True)
 class ChildPlan:
-    """What one attempt's child is started with."""
+    """What one attempt's child is started with. ``resume_note``: how the resume point was handed
+    over (or why a template could not be filled), for the event log."""
 
     argv: tuple[str, ...]
     env: dict[str, str]
     shield_signals: tuple[int, ...]
+    resume_note: str | None = None
+
+
+def resume_values(resume_path: str, resume_step: int | None) -> dict[str, str | None]:
+    """What the placeholders stand for: ``{path}`` the resume point (a file, or a directory for a
+    sharded or HF-style checkpoint), ``{dir}`` the directory that holds it, ``{step}`` its step
+    (None when unknown)."""
+    return {"{path}": resume_path, "{dir}": str(PurePath(resume_path).parent),
+            "{step}": None if resume_step is None else str(resume_step)}
+
+
+def fill_template(template: str, values: Mapping[str, str | None]) -> str | None:
+    """``template`` with its placeholders replaced; None when one it names has no value. The
+    values are inserted as they are: never split, never unquoted."""
+    out = template
+    for key, value in values.items():
+        if key in out:
+            if value is None:
+                return None
+            out = out.replace(key, value)
+    return out
+
+
+def resume_args(template: str, resume_path: str, resume_step: int | None) -> tuple[list[str], str | None]:
+    """``resume_arg`` as argv elements: the template is split like a shell would (``shlex``: quotes
+    group, ``+trainer.ckpt_path={path}`` is one element), *then* each element is filled in, so a
+    path with spaces, ``=`` or quotes stays exactly one element. A template with no placeholder is a
+    fixed flag (``--init_from=resume``, ``trainer.resume=true``) given only when resuming. Returns
+    the elements and, when a placeholder has no value (``{step}`` of a checkpoint whose step is
+    unknown), nothing and the reason."""
+    values = resume_values(resume_path, resume_step)
+    out: list[str] = []
+    for part in shlex.split(template):
+        filled = fill_template(part, values)
+        if filled is None:
+            return [], (f"resume_arg {template!r} not given: the step of {resume_path} is unknown "
+                        "(set checkpoint.step_from, or use {path})")
+        out.append(filled)
+    return out, None
+
+
+def resume_environment(items: Sequence[str], resume_path: str,
+                       resume_step: int | None) -> tuple[dict[str, str], list[str]]:
+    """``resume_env`` (``NAME=TEMPLATE`` items) filled in; items whose placeholder has no value are
+    left out and named in the second part."""
+    values = resume_values(resume_path, resume_step)
+    env: dict[str, str] = {}
+    skipped: list[str] = []
+    for item in items:
+        name, _, template = item.partition("=")
+        filled = fill_template(template, values)
+        if filled is None:
+            skipped.append(name)
+        else:
+            env[name] = filled
+    return env, skipped
 
 
 def child_plan(cfg: SupervisorConfig, argv: Sequence[str], environ: Mapping[str, str], layout: RunLayout, *,
                attempt: int, resume_path: str | None, resume_step: int | None, control_address: str,
                control_key: str) -> ChildPlan:
-    """argv with ``resume_arg`` appended when resuming; the environment with the ``SUPERVISOR_*``
-    variables; the notice signals to start ignored."""
+    """argv with ``resume_arg`` appended and ``resume_env`` set when resuming (there is a resume
+    point); the environment with the ``SUPERVISOR_*`` variables; the notice signals to start ignored."""
     args = list(argv)
-    if cfg.resume_arg and resume_path:
-        args += [part.replace("{path}", resume_path).replace("{step}", "" if resume_step is None else str(resume_step))
-                 for part in cfg.resume_arg.split()]
+    notes: list[str] = []
+    resume_env: dict[str, str] = {}
+    if resume_path:
+        if cfg.resume_arg:
+            extra, problem = resume_args(cfg.resume_arg, resume_path, resume_step)
+            args += extra
+            notes.append(problem or f"resume_arg appended: {shlex.join(extra)}")
+        if cfg.resume_env:
+            resume_env, skipped = resume_environment(cfg.resume_env, resume_path, resume_step)
+            if resume_env:
+                notes.append("resume_env set: " + ", ".join(sorted(resume_env)))
+            if skipped:
+                notes.append(f"resume_env {', '.join(skipped)} not set: the step of {resume_path} is unknown")
     env = dict(environ)
+    env.update(resume_env)
     env.update({
         "SUPERVISOR_CONTROL": control_address,
         "SUPERVISOR_KEY": control_key,  # authenticates datagrams; never sent on the wire
@@ -81,4 +150,4 @@ def child_plan(cfg: SupervisorConfig, argv: Sequence[str], environ: Mapping[str,
         "PYTHONUNBUFFERED": env.get("PYTHONUNBUFFERED", "1"),
     })
     shield = tuple(sorted({signal_number(s) for s in cfg.preemption.signals})) if cfg.preemption.shield_child else ()
-    return ChildPlan(tuple(args), env, shield)
+    return ChildPlan(tuple(args), env, shield, "; ".join(notes) or None)

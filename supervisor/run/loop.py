@@ -235,7 +235,7 @@ class Runner:
         ctx.emit(Ev.ATTEMPT_START, attempt=state.attempt, argv=list(plan.argv), pid=child.pid, host=ctx.host,
                  job_id=ctx.slurm_env.job_id, restart_count=ctx.slurm_env.restart_count,
                  nodes=list(ctx.slurm_env.node_names) or None, resume_path=state.resume_path,
-                 resume_step=state.resume_step)
+                 resume_step=state.resume_step, resume_note=plan.resume_note)
         log.info("attempt %d started (pid %s): %s", state.attempt, child.pid, " ".join(plan.argv))
         if self._manifests:
             self._write_manifest_async(state, list(plan.argv))
