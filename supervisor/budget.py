@@ -164,8 +164,11 @@ def _failure_rate(records: Sequence[AttemptRecord], window: int) -> FailureRate 
                        any(r.steps_lost_at_least for r in known))
 
 
-def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job_id: str | None) -> BudgetVerdict:
-    """Is the run still within its budgets? ``records``: the whole ledger, the attempt that just ended
+def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job_id: str | None, *,
+          final: bool = False) -> BudgetVerdict:
+    """Is the run still within its budgets? ``final``: the run has completed, judge what it cost
+    overall (the fraction of progress lost is then judged however few crashes lost it: the run is
+    over, one crash that cost most of it is the whole story, not an early pattern). ``records``: the whole ledger, the attempt that just ended
     included. The first exhausted budget is named, the most specific diagnosis first: restarts per
     allocation, total restarts, the same failure at the same step, too little progress between two
     crashes, a restart from scratch after a save, requeues without progress, the failure rate, total
@@ -261,7 +264,8 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
                     f"{b.min_kept_per_lost:g} step(s) kept per step lost")
     if b.max_steps_lost is not None and total_lost > b.max_steps_lost:
         return stop("max_steps_lost", f"{lost_text} steps lost across the run; at most {b.max_steps_lost}")
-    if (b.max_steps_lost_fraction is not None and fraction is not None and losses >= MIN_LOSSES_FOR_FRACTION
+    fraction_judged = final or losses >= MIN_LOSSES_FOR_FRACTION
+    if (b.max_steps_lost_fraction is not None and fraction is not None and fraction_judged
             and fraction > b.max_steps_lost_fraction):
         return stop("max_steps_lost_fraction",
                     f"{lost_text} steps lost for {progress} steps of progress ({fraction:.0%}); at most "
@@ -270,7 +274,11 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
              f"{total} in total" + _of(b.max_total_restarts),
              f"{lost_text} steps lost" + _of(b.max_steps_lost)]
     if fraction is not None:
-        parts.append(f"{fraction:.0%} of progress" + _of(b.max_steps_lost_fraction, percent=True))
+        over = b.max_steps_lost_fraction is not None and fraction > b.max_steps_lost_fraction
+        parts.append(f"{fraction:.0%} of progress" + (
+            f" (over the max {b.max_steps_lost_fraction:.0%}: judged once {MIN_LOSSES_FOR_FRACTION} crashes lost "
+            f"steps, or when the run completes; {losses} so far)" if over
+            else _of(b.max_steps_lost_fraction, percent=True)))
     if rate is not None:
         parts.append(f"{rate.per_failure:.0f} steps of durable progress per failure over the last "
                      f"{rate.failures}" + (f" (min {b.min_steps_per_failure})" if b.min_steps_per_failure else ""))
@@ -347,8 +355,13 @@ def run_verdict(events: Sequence[Event], budget: BudgetConfig, *, records: Seque
     end = final_run_end(events)
     outcome = str(end.get("outcome")) if end is not None and end.get("outcome") is not None else None
     if outcome == RunOutcome.COMPLETE.value:
-        now = judged.reason if judged.ok else f"judged now, budget {judged.budget} would be exhausted: {judged.reason}"
-        return RunVerdict(True, None, f"training complete; {now}", judged.numbers, "judge", outcome)
+        # What the run cost is judged as a whole: a run that finished after losing more than its
+        # budget allows is not ok, and the verdict says so beside the numbers.
+        cost = judge(ledger, budget, allocation, final=True)
+        if cost.ok:
+            return RunVerdict(True, None, f"training complete; {cost.reason}", cost.numbers, "judge", outcome)
+        return RunVerdict(False, cost.budget, f"training complete, but budget {cost.budget} exceeded: {cost.reason}",
+                          cost.numbers, "judge", outcome)
     if outcome in (RunOutcome.STOPPED.value, RunOutcome.FAILED.value):
         assert end is not None
         name, why = stop_cause(end.fields)

@@ -258,9 +258,14 @@ def test_a_requeued_run_that_went_on_is_judged_not_stopped():
     assert verdict.ok and verdict.source == "judge" and verdict.outcome is None
 
 
-def test_a_completed_run_is_ok():
+def test_a_completed_run_is_ok_within_its_budgets_and_not_ok_past_one():
+    """The verdict and the numbers beside it agree: a run that completed after costing more than a
+    budget allows is "complete, but budget ... exceeded", not ok (audit and report exit 1)."""
+    verdict = run_verdict(late_save_run().events, BudgetConfig())
+    assert verdict.ok and verdict.reason.startswith("training complete; within budget")
     verdict = run_verdict(late_save_run().events, BudgetConfig(max_total_restarts=0))
-    assert verdict.ok and verdict.reason.startswith("training complete; judged now, budget max_total_restarts")
+    assert not verdict.ok and verdict.budget == "max_total_restarts" and verdict.outcome == "complete"
+    assert verdict.reason.startswith("training complete, but budget max_total_restarts exceeded: 1 crashes")
 
 
 # --------------------------------------------------------------------------------------------- results that need a check

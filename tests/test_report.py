@@ -592,4 +592,4 @@ def test_status_of_a_dead_supervisor_and_of_another_host(tmp_path: Path, base_ma
 def test_status_of_a_finished_run(run_dir: Path) -> None:
     proc = run_supervise(["status", str(run_dir)])
     assert proc.returncode == 0
-    assert "state: finished" in proc.stdout and "run ended: complete (exit 0)" in proc.stdout
+    assert "state: finished" in proc.stdout and "run ended: complete (supervise exit 0)" in proc.stdout

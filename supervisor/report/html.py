@@ -500,7 +500,7 @@ def failures_part(report: Report) -> list[Html]:
                 f"{' on ' + a.failure_node if a.failure_node else ''}")
         lines = a.evidence_lines or ((a.evidence,) if a.evidence else ())
         what = [el("h3", head, id=f"failure-{a.attempt}")]
-        facts = [f"exit code {_cell(a.exit_code)}", f"signal {_cell(a.signal)}", f"then: {_cell(a.action)}"]
+        facts = [f"the child's exit code {_cell(a.exit_code)}", f"signal {_cell(a.signal)}", f"then: {_cell(a.action)}"]
         if a.decision:
             facts.append(f"because: {a.decision}")
         what.append(el("p", "; ".join(facts)))
@@ -624,7 +624,7 @@ def _summary(report: Report) -> Html:
     lost = fmt_lost(run.steps_lost, run.steps_lost_at_least)
     items: list[tuple[str, Any]] = [
         ("outcome", (run.outcome or "running / no end logged")
-         + (f" (exit {run.exit_code})" if run.exit_code is not None else "")),
+         + (f" (supervise exit {run.exit_code})" if run.exit_code is not None else "")),
         ("reason", run.reason),
         ("attempts", f"{run.attempts} ({run.restarts} restart(s) in place, {run.requeues} requeue(s))"),
         ("final step", run.final_step),

@@ -143,7 +143,7 @@ def report_blocks(report: Report) -> list[Block]:
     blocks: list[Block] = [_h(f"Run {r.name or '?'}")]
     facts = [f"run dir: {r.run_dir or '-'}", f"checkpoint dir: {r.checkpoint_dir or '-'}"]
     if r.outcome:
-        facts.append(f"outcome: {r.outcome} (exit {_cell(r.exit_code)}): {r.reason or '-'}")
+        facts.append(f"outcome: {r.outcome} (supervise exit {_cell(r.exit_code)}): {r.reason or '-'}")
     else:
         facts.append("outcome: none logged (running, or the supervisor was killed)")
     facts.append(f"from {fmt_ts(r.start)} to {fmt_ts(r.end)} ({fmt_duration(r.duration)})")
@@ -382,7 +382,7 @@ def status_blocks(view: StatusView) -> list[Block]:
         lines.append(f"last failure: attempt {f['attempt']} {f['class']} at step {_cell(f.get('step'))}: "
                      f"{_short(f.get('evidence'), 120)}")
     if view.outcome:
-        lines.append(f"run ended: {view.outcome} (exit {_cell(view.exit_code)}): {view.reason or '-'}")
+        lines.append(f"run ended: {view.outcome} (supervise exit {_cell(view.exit_code)}): {view.reason or '-'}")
     blocks = [_h(f"Run {view.name or '?'} ({view.run_dir})"), _list(lines)]
     if view.problems:
         blocks += [_p("Problems:"), _list(view.problems)]

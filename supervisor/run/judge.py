@@ -86,11 +86,19 @@ def judge_attempt(failure: Failure, facts: AttemptFacts, history: Sequence[Any],
                   policy: Mapping[FailureClass, ClassPolicy], budget: BudgetConfig, job_id: str | None,
                   child_status: int) -> AttemptVerdict:
     """``history``: ledger records of the earlier attempts; ``ledger``: all of them, this one
-    included. ``child_status``: the shell-style status the run exits with when policy says stop."""
+    included. ``child_status``: the child's shell-style status (128+S for a signal), named in the
+    reason when policy says stop; supervise itself then exits 4 (``ExitCode.STOPPED``)."""
     cls, reason = effective_class(failure, facts)
     if cls is not failure.cls:
         failure = replace(failure, cls=cls, action=action_for(cls, policy), reason=reason)
     if cls is FailureClass.COMPLETED:
+        # The training finished: supervise exits 0. What it cost is judged as a whole, and a run that
+        # lost more than its budget allows says so in its last words (the report's verdict is not ok).
+        cost = judge(ledger, budget, job_id, final=True) if ledger else None
+        if cost is not None and not cost.ok:
+            return AttemptVerdict(cls, failure, RunOutcome.COMPLETE, ExitCode.OK,
+                                  f"training complete, but budget {cost.budget} exceeded: {cost.reason}",
+                                  budget=cost)
         return AttemptVerdict(cls, failure, RunOutcome.COMPLETE, ExitCode.OK, "training complete")
     if facts.stopped_reason is not None:
         return AttemptVerdict(cls, failure, RunOutcome.STOPPED, ExitCode.STOPPED, facts.stopped_reason,
@@ -113,8 +121,24 @@ def judge_attempt(failure: Failure, facts: AttemptFacts, history: Sequence[Any],
         return AttemptVerdict(cls, failure, None, 0, decision.reason, decision, verdict, delay=decision.delay)
     if decision.action is Action.REQUEUE:
         return AttemptVerdict(cls, failure, RunOutcome.REQUEUE, ExitCode.REQUEUE, decision.reason, decision, verdict)
-    return AttemptVerdict(cls, failure, RunOutcome.STOPPED, child_status, decision.reason, decision, verdict,
+    # Policy said stop: supervise exits with its own code for that (4), never the child's status,
+    # which could read as one of supervise's codes (2 usage, 3 locked, 75 requeue). The child's
+    # status is in the reason and in run_end (child_exit_code).
+    return AttemptVerdict(cls, failure, RunOutcome.STOPPED, ExitCode.STOPPED,
+                          f"{decision.reason} ({child_exit_text(failure.exit_code, failure.signal)})", decision, verdict,
                           stopped_by=getattr(decision, "stopped_by", None) or f"policy.{cls.value}")
+
+
+def child_exit_text(exit_code: int | None, signum: int | None) -> str:
+    """How the child ended, in words that cannot be taken for supervise's own exit code:
+    ``the child exited 2``, ``the child was killed by SIGSEGV``."""
+    if signum is not None:
+        from ..signals import signal_name
+
+        return f"the child was killed by {signal_name(signum)}"
+    if exit_code is None:
+        return "the child's exit status is unknown"
+    return f"the child exited {exit_code}"
 
 
 def failure_step(classified: int | None, last_seen: int | None) -> int | None:

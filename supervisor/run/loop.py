@@ -40,7 +40,7 @@ from ..states import Action, FailureClass, RunOutcome
 from . import notice as notices
 from .attempt import AttemptState
 from .context import RunContext
-from .judge import AttemptFacts, AttemptVerdict, failure_step, judge_attempt
+from .judge import AttemptFacts, AttemptVerdict, child_exit_text, failure_step, judge_attempt
 from .layout import child_plan, layout_for
 from .monitor import monitor
 from .node_health import note_failure, with_ledger_exclusions
@@ -310,7 +310,7 @@ class Runner:
                                 ctx.slurm_env.job_id, exit_.status)
         if not done:
             self._record_failure(state, exit_, failure, verdict)
-        return self._carry_out(state, verdict)
+        return self._carry_out(state, verdict, exit_)
 
     def _record_failure(self, state: AttemptState, exit_: ChildExit, failure: Any, verdict: AttemptVerdict) -> None:
         ctx = self.ctx
@@ -326,7 +326,8 @@ class Runner:
                     "; ".join(failure.evidence[:1]) or f"status {exit_.status}")
         note_failure(ctx, state, failure, verdict.cls, eff.reason)
 
-    def _carry_out(self, state: AttemptState, verdict: AttemptVerdict) -> RunResult | None:
+    def _carry_out(self, state: AttemptState, verdict: AttemptVerdict, exit_: ChildExit | None = None
+                   ) -> RunResult | None:
         ctx = self.ctx
         if verdict.budget is not None:
             b = verdict.budget
@@ -343,7 +344,10 @@ class Runner:
             return None
         if verdict.outcome is RunOutcome.REQUEUE:
             return self._requeue(state, verdict.cls, verdict.reason)
-        return self._end(verdict.outcome, verdict.exit_code, verdict.reason, state, stopped_by=verdict.stopped_by)
+        exceeded = verdict.budget.budget if verdict.outcome is RunOutcome.COMPLETE and verdict.budget is not None \
+            and not verdict.budget.ok else None
+        return self._end(verdict.outcome, verdict.exit_code, verdict.reason, state, stopped_by=verdict.stopped_by,
+                         child=exit_, budget_exceeded=exceeded)
 
     def _backoff(self, seconds: float) -> bool:
         """Wait before a restart; True when a stop notice arrived meanwhile."""
@@ -486,11 +490,23 @@ class Runner:
                         "nor Slurm's kill came: leaving (exit 75 for a resubmission loop)")
 
     def _end(self, outcome: RunOutcome, code: int, reason: str, state: AttemptState | None,
-             stopped_by: str | None = None) -> RunResult:
+             stopped_by: str | None = None, child: ChildExit | None = None,
+             budget_exceeded: str | None = None) -> RunResult:
+        """``exit_code`` is supervise's own (errors.ExitCode); the child's status, when it has one,
+        goes beside it as ``child_exit_code`` / ``child_signal``, never in its place."""
+        extra: dict[str, Any] = {}
+        if child is not None:
+            extra = {"child_exit_code": child.exit_code, "child_signal": child.signal_name}
+        if budget_exceeded:
+            extra["budget_exceeded"] = budget_exceeded
         self.ctx.emit(Ev.RUN_END, outcome=outcome.value, exit_code=code, reason=reason,
                       attempts=state.attempt if state else None, last_step=state.last_step if state else None,
-                      stopped_by=stopped_by)
-        log.info("run %s (exit %d): %s", outcome.value, code, reason)
+                      stopped_by=stopped_by, **extra)
+        said = f"; {child_exit_text(child.exit_code, child.signal)}" if child is not None and \
+            (child.exit_code or child.signal) and "the child " not in reason else ""
+        if budget_exceeded:
+            log.error("TRAINING COMPLETE WITH A BUDGET EXCEEDED: %s", reason)
+        log.info("run %s: %s%s; supervise exits %d", outcome.value, reason, said, code)
         return RunResult(outcome, code, reason)
 
     def _record_dropped(self) -> None:
