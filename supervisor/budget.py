@@ -168,9 +168,9 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
           final: bool = False) -> BudgetVerdict:
     """Is the run still within its budgets? ``final``: the run has completed, judge what it cost
     overall (the fraction of progress lost is then judged however few crashes lost it: the run is
-    over, one crash that cost most of it is the whole story, not an early pattern). ``records``: the whole ledger, the attempt that just ended
-    included. The first exhausted budget is named, the most specific diagnosis first: restarts per
-    allocation, total restarts, the same failure at the same step, too little progress between two
+    over, one crash that cost most of it is the whole story, not an early pattern). ``records``: the
+    whole ledger, the attempt that just ended included. The first exhausted budget is named, the most
+    specific diagnosis first: restarts per allocation, total restarts, the same failure at the same step, too little progress between two
     crashes, a restart from scratch after a save, requeues without progress, the failure rate, total
     steps lost, steps lost as a fraction of progress (judged only once ``MIN_LOSSES_FOR_FRACTION``
     crashes lost steps: one crash before the first checkpoint loses all progress so far, which is

@@ -124,8 +124,9 @@ def judge_attempt(failure: Failure, facts: AttemptFacts, history: Sequence[Any],
     # Policy said stop: supervise exits with its own code for that (4), never the child's status,
     # which could read as one of supervise's codes (2 usage, 3 locked, 75 requeue). The child's
     # status is in the reason and in run_end (child_exit_code).
-    return AttemptVerdict(cls, failure, RunOutcome.STOPPED, ExitCode.STOPPED,
-                          f"{decision.reason} ({child_exit_text(failure.exit_code, failure.signal)})", decision, verdict,
+    said = child_exit_text(failure.exit_code, failure.signal)
+    return AttemptVerdict(cls, failure, RunOutcome.STOPPED, ExitCode.STOPPED, f"{decision.reason} ({said})",
+                          decision, verdict,
                           stopped_by=getattr(decision, "stopped_by", None) or f"policy.{cls.value}")
 
 
