@@ -166,16 +166,18 @@ def _failure_rate(records: Sequence[AttemptRecord], window: int) -> FailureRate 
 
 def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job_id: str | None, *,
           final: bool = False) -> BudgetVerdict:
-    """Is the run still within its budgets? ``final``: the run has completed, judge what it cost
-    overall (the fraction of progress lost is then judged however few crashes lost it: the run is
-    over, one crash that cost most of it is the whole story, not an early pattern). ``records``: the
-    whole ledger, the attempt that just ended included. The first exhausted budget is named, the most
-    specific diagnosis first: restarts per allocation, total restarts, the same failure at the same step, too little progress between two
-    crashes, a restart from scratch after a save, requeues without progress, the failure rate, total
-    steps lost, steps lost as a fraction of progress (judged only once ``MIN_LOSSES_FOR_FRACTION``
-    crashes lost steps: one crash before the first checkpoint loses all progress so far, which is
-    the class retry limit's business, not a pattern; requeues that lose everything are the requeue
-    budget's)."""
+    """Is the run still within its budgets? ``records``: the whole ledger, the attempt that just
+    ended included. The first exhausted budget is named, the most specific diagnosis first: restarts
+    per allocation, total restarts, the same failure at the same step, too little progress between
+    two crashes, a restart from scratch after a save, requeues without progress, the failure rate
+    (absolute, then steps kept per step lost), total steps lost, steps lost as a fraction of
+    progress (judged only once ``MIN_LOSSES_FOR_FRACTION`` crashes lost steps: one crash before the
+    first checkpoint loses all progress so far, which is the class retry limit's business, not a
+    pattern; requeues that lose everything are the requeue budget's).
+
+    ``final``: the run has completed; judge what it cost as a whole. The fraction is then judged
+    however few crashes lost it: the run is over, and one crash that cost most of it is the story.
+    """
     records = list(records)
     if not records:
         return BudgetVerdict(True, None, "no attempts yet", {"attempts": 0})
