@@ -32,6 +32,7 @@ from .ledger import (
     start_step,
     steps_lost,
 )
+from .resumability import suggested_checkpoint_dir
 from .states import RunOutcome
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "RunVerdict",
     "audit_durable_history",
     "audit_resume",
+    "audit_saved_elsewhere",
     "is_crash",
     "judge",
     "ledger_from_events",
@@ -242,10 +244,14 @@ def judge(records: Sequence[AttemptRecord], budget: BudgetConfig, allocation_job
         before = next((r for r in reversed(records) if r.attempt < record.attempt), None)
         lost = (f": {'≥' if before.steps_lost_at_least else ''}{before.steps_lost} steps of attempt "
                 f"{before.attempt} lost" if before is not None and before.steps_lost is not None else "")
+        saver = next((r for r in records if r.attempt == saved_by), None)
+        why = "its only checkpoint was torn, quarantined or removed"
+        if saver is not None and saver.saved_elsewhere_step == saved and (saver.last_durable_step or -1) < saved:
+            why = (f"its checkpoint was saved to {saver.saved_elsewhere}, outside the watched checkpoint "
+                   "directory (pass --checkpoint-dir)")
         return stop("max_restarts_from_scratch",
                     f"attempt {record.attempt} started from step 0 although attempt {saved_by} had saved step "
-                    f"{saved}: its only checkpoint was torn, quarantined or removed{lost}; at most "
-                    f"{b.max_restarts_from_scratch} restart(s) from scratch")
+                    f"{saved}: {why}{lost}; at most {b.max_restarts_from_scratch} restart(s) from scratch")
     if b.max_requeues_without_progress is not None and requeues > b.max_requeues_without_progress:
         return stop("max_requeues_without_progress",
                     f"{requeues} preemptions or time limits in a row without durable progress (no checkpoint "
@@ -404,6 +410,26 @@ def audit_resume(expected_step: int | None, reported_first_step: int | None, res
                                   f"would be redone")
     return ResumeAudit(False, f"child started at step {reported_first_step}, past the resume point step "
                               f"{expected_step}{where}: it resumed from something else")
+
+
+def audit_saved_elsewhere(saved_step: int | None, saved_path: str | None, saved_by: int | None,
+                          checkpoint_dir: str, reported_first_step: int | None) -> ResumeAudit:
+    """An attempt with no resume point (nothing in the watched directory), after an earlier attempt's
+    output said it saved a checkpoint of ``saved_step`` to ``saved_path`` outside that directory.
+    A child that starts from scratch throws that progress away: flagged, with the flag that lets the
+    supervisor see the checkpoints. One that starts later resumed by itself (its own path): fine. Only
+    a start from scratch is flagged: the save the output named may have been torn since."""
+    if saved_step is None or saved_step <= 1 or reported_first_step is None:
+        return ResumeAudit(True, "unknown: no step saved outside the checkpoint directory, or none reported yet")
+    if reported_first_step > 1:
+        return ResumeAudit(True, f"started at step {reported_first_step}: resumed by itself (attempt {saved_by} "
+                                 f"saved step {saved_step} to {saved_path}, outside the watched directory)")
+    where = str(saved_path) if saved_path else "a path outside the watched directory"
+    fix = f"--checkpoint-dir {suggested_checkpoint_dir(saved_path)}" if saved_path else "--checkpoint-dir DIR"
+    return ResumeAudit(False, f"child started from scratch but attempt {saved_by} saved step {saved_step} to {where}, "
+                              f"outside the watched checkpoint directory {checkpoint_dir}: the supervisor cannot "
+                              f"hand it over, {saved_step - reported_first_step} steps would be redone; pass {fix} "
+                              "(and a resume command: docs/resume.md)")
 
 
 @dataclass(frozen=True)

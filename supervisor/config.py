@@ -101,7 +101,8 @@ class NotifyConfig:
     ``timeout``; a notifier that fails is logged and counted, never a reason to stop the run."""
 
     # The events a notification can be asked for (supervisor.notify.NotifyEvent has the same values).
-    EVENTS: typing.ClassVar[tuple[str, ...]] = ("stopped", "held", "results_check", "complete", "cancelled")
+    EVENTS: typing.ClassVar[tuple[str, ...]] = ("stopped", "held", "results_check", "complete", "cancelled",
+                                                "resumability")
     # The variables the command gets besides the payload on stdin (not config: env_overrides skips them).
     ENV_VARS: typing.ClassVar[tuple[str, ...]] = (
         "SUPERVISE_EVENT", "SUPERVISE_REASON", "SUPERVISE_RUN_NAME", "SUPERVISE_RUN_DIR", "SUPERVISE_JOB_ID",

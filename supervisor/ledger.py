@@ -96,6 +96,10 @@ class AttemptRecord:
     step_source: str | None = None  # where the steps came from: "client" (exact) or "regex" (the output)
     failure_node: str | None = None
     failure_reason: str | None = None
+    # The newest save the output named outside the watched checkpoint directory (``save_elsewhere``):
+    # progress the supervisor cannot see on disk, but that a restart from scratch throws away.
+    saved_elsewhere: str | None = None
+    saved_elsewhere_step: int | None = None
 
     @property
     def status(self) -> str:
@@ -172,9 +176,9 @@ def restarts_from_scratch(records: Sequence[AttemptRecord]) -> list[tuple[Attemp
         redone = best is not None and best[0] > 0 and start_step(r) == 0
         if best is not None and redone and (r.first_step is None or r.first_step < best[0]):
             out.append((r, best[0], best[1]))
-        saved = r.last_durable_step
-        if saved is not None and (best is None or saved > best[0]):
-            best = (saved, r.attempt)
+        for saved in (r.last_durable_step, r.saved_elsewhere_step):  # a save outside the directory counts too
+            if saved is not None and (best is None or saved > best[0]):
+                best = (saved, r.attempt)
     return out
 
 
@@ -263,6 +267,7 @@ class _Fold:
     failure_step: int | None = None
     failure_node: str | None = None
     failure_reason: str | None = None
+    elsewhere: tuple[str | None, int] | None = None  # (path, step) of the newest save named outside the dir
 
     def see(self, step: int | None, ts: float | None = None) -> None:
         if ts is not None:
@@ -304,7 +309,9 @@ class _Fold:
             evidence=self.evidence, exit_code=self.exit_code, signal=self.signal, start=self.start,
             end=self.end, steps_lost=as_int(e.get("steps_lost")), wall_lost=wall, failure_step=self.failure_step,
             fresh=self.started and resume_path is None and resume_step is None,
-            step_source=source, failure_node=self.failure_node, failure_reason=self.failure_reason)
+            step_source=source, failure_node=self.failure_node, failure_reason=self.failure_reason,
+            saved_elsewhere=self.elsewhere[0] if self.elsewhere else None,
+            saved_elsewhere_step=self.elsewhere[1] if self.elsewhere else None)
 
     def wall_since_durable(self, stop: float | None) -> float | None:
         since = self.durable_ts if self.durable_ts is not None else self.start
@@ -426,6 +433,10 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
                 f.nodes = (str(ev.get("node")),)
         elif name == Ev.DECISION.value:
             f.decided = _action(ev.get("action")) or f.decided
+        elif name == Ev.SAVE_ELSEWHERE.value:
+            step = as_int(ev.get("step"))
+            if step is not None and (f.elsewhere is None or step >= f.elsewhere[1]):
+                f.elsewhere = (as_str(ev.get("path")), step)
 
     ordered = [folds[n] for n in sorted(folds)]
     base = [f.record() for f in ordered]
@@ -434,7 +445,7 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
 
 
 _FOLDED = frozenset(e.value for e in (Ev.PROGRESS, Ev.RESUMED, Ev.SAVE_END, Ev.ATTEMPT_END, Ev.FAILURE,
-                                      Ev.DECISION))
+                                      Ev.DECISION, Ev.SAVE_ELSEWHERE))
 
 
 def final_run_end(events: Sequence[Event]) -> Event | None:
@@ -461,6 +472,7 @@ def records_to_json(records: Iterable[AttemptRecord]) -> list[dict[str, Any]]:
             "action": r.action.value if r.action else None, "evidence": list(r.evidence),
             "exit_code": r.exit_code, "signal": r.signal, "start": r.start, "end": r.end,
             "failure_step": r.failure_step, "step_source": r.step_source,
+            "saved_elsewhere": r.saved_elsewhere, "saved_elsewhere_step": r.saved_elsewhere_step,
         })
     return out
 

@@ -20,6 +20,9 @@ Notifications, and the log events that raise them:
                           fault) or a ``loss_anomaly``; once per attempt
 ``complete``              ``run_end`` with outcome ``complete``
 ``cancelled``             ``run_end`` with outcome ``interrupted`` (scancel, Ctrl-C)
+``resumability``          ``resumability`` with ``ok: false``: at its first save the run shows
+                          it cannot resume (no checkpoint seen, its step unknown, or no resume
+                          command); the reason names the flag to add
 ========================  ================================================================
 """
 
@@ -73,6 +76,7 @@ class NotifyEvent(str, Enum):
     RESULTS_CHECK = "results_check"
     COMPLETE = "complete"
     CANCELLED = "cancelled"
+    RESUMABILITY = "resumability"
 
 
 _SUSPECT_CLASSES = frozenset(c.value for c in RESULTS_CHECK_CLASSES)
@@ -107,6 +111,10 @@ def notification_for(event_name: str, fields: Mapping[str, Any]) -> Notification
             return None
         reason = str(fields.get("reason") or fields.get("outcome"))
         return Notification(kind, reason, event_name, fields, f"run_end:{kind.value}:{fields.get('attempts')}")
+    if event_name == "resumability" and fields.get("ok") is False:
+        missing = ",".join(str(m) for m in fields.get("missing") or ())
+        return Notification(NotifyEvent.RESUMABILITY, str(fields.get("reason") or "this run cannot resume"),
+                            event_name, fields, f"resumability:{missing}")
     if event_name == "attempt_end" and _value(fields.get("class")) in _SUSPECT_CLASSES:
         step = fields.get("last_step")
         reason = (f"attempt {fields.get('attempt')} ended in {fields.get('class')} (last step {step}): weights or "

@@ -37,7 +37,7 @@ LEAF_MODULES = {
 }
 DECISION_MODULES = {
     "supervisor.config",  # the policy and budget tables the decisions are parameterised by
-    "supervisor.policy", "supervisor.budget", "supervisor.ledger", "supervisor.preemption",
+    "supervisor.policy", "supervisor.budget", "supervisor.ledger", "supervisor.preemption", "supervisor.resumability",
     "supervisor.failures", "supervisor.failures.patterns", "supervisor.failures.scan", "supervisor.failures.classify",
     "supervisor.failures.evidence",
     "supervisor.checkpoints.resume", "supervisor.slurm.requeue_policy", "supervisor.slurm.stop_cause", "supervisor.slurm.grace",

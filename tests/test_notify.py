@@ -115,6 +115,9 @@ def timed_on_event(c: NotifyConfig, name: str, fields: dict[str, Any]) -> float:
     ("requeue", {"job_id": "4242", "held": True, "reason": "JobHoldMaxRequeue"}, NotifyEvent.HELD),
     ("attempt_end", {"attempt": 2, "class": "illegal_memory_access", "last_step": 1200}, NotifyEvent.RESULTS_CHECK),
     ("loss_anomaly", {"attempt": 2, "step": 900, "kind": "nan", "loss": float("nan")}, NotifyEvent.RESULTS_CHECK),
+    ("resumability", {"attempt": 1, "ok": False, "missing": ["resume"],
+                      "reason": "this run cannot resume (resume missing): ... Add: --resume-arg '--resume {path}'"},
+     NotifyEvent.RESUMABILITY),
 ])
 def test_events_that_need_a_person(name: str, fields: dict[str, Any], expected: NotifyEvent) -> None:
     n = notification_for(name, fields)
@@ -135,6 +138,7 @@ def test_enum_values_are_read_as_their_values() -> None:
     ("attempt_end", {"attempt": 1, "class": "native_crash"}),  # restarted: the budget watches it
     ("requeue", {"job_id": "4242", "held": False}),
     ("progress", {"step": 10}),
+    ("resumability", {"attempt": 1, "ok": True, "reason": "this run can resume"}),
 ])
 def test_everyday_events_tell_nobody(name: str, fields: dict[str, Any]) -> None:
     assert notification_for(name, fields) is None

@@ -507,6 +507,9 @@ def fold(
     walk = _Walk()
     for ev in events:
         walk.feed(ev)
+    said = [ev for ev in events if ev.event == "resumability"]
+    if said and said[-1].get("ok") is False:  # the newest statement wins (a later save may have fixed it)
+        warn.append(f"attempt {said[-1].get('attempt')}: {said[-1].get('reason') or 'this run cannot resume'}")
     records = ledger_from_events(events)  # the one fold of the log into attempts
     budget = budget_config or BudgetConfig()
 

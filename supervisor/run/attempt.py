@@ -63,6 +63,10 @@ class AttemptState:
     exclude: set[str] = field(default_factory=set)  # nodes to keep away from on a requeue (slow node, failed GPU)
     requeue_reason: str | None = None  # the supervisor stopped the attempt to come back elsewhere (slow node)
     last_progress_event_at: float = 0.0
+    saved_elsewhere: tuple[str, int | None] | None = None  # (path, step): the output named a save outside the dir
+    saves_elsewhere: int = 0  # how many such lines were recorded (bounded)
+    resume_output: str | None = None  # an output line that showed the training load a checkpoint
+    elsewhere_before: tuple[str, int, int] | None = None  # (path, step, attempt): an earlier attempt's save outside
 
     def observe_step(self, step: int, now: float, source: str) -> bool:
         """Record a step report; client reports win over regex matches once seen.
@@ -95,8 +99,13 @@ class AttemptState:
         return self.resume_step
 
     def steps_lost(self) -> int | None:
-        """Last step seen minus the last durable step; with no checkpoint at all, every step seen."""
+        """Last step seen minus the last durable step; with no checkpoint at all, every step seen.
+        Unknown (None) when the newest save's step is unknown: counting from an older step would
+        call saved steps lost."""
         if self.last_step is None:
+            return None
+        newest = next((s for s in reversed(self.saves) if s.ok), None)
+        if newest is not None and newest.step is None:
             return None
         durable = self.last_durable_step
         return max(self.last_step - (durable or 0), 0)

@@ -44,6 +44,8 @@ class RunContext:
     # The run's save durations, seeded from the log once at start and kept up to date by emit(): a
     # notice is arbitrated from memory, never by re-reading a log that grows with the run's age.
     save_history: SaveHistory | None = None
+    cwd: Any = None  # the child's working directory (pathlib.Path): relative paths in its output start there
+    resumability_said: Any = None  # (ok, missing) of the last resumability statement (run/resumable.py)
 
     def __post_init__(self) -> None:
         if not self.notice_signals:

@@ -90,7 +90,7 @@ class Runner:
                               slurm_env=slurm_env, clock=self._clock, waker=waker,
                               start_child=start_child or start_process,
                               slurm=slurm or BackgroundSlurm(slurm_env.job_id, get_backend), channel=channel,
-                              echo=echo, host=socket.gethostname())
+                              echo=echo, host=socket.gethostname(), cwd=cwd)
         self.cwd = cwd
         self._child: ChildHandle | None = None
         self._loss_kinds: list[str] = []  # loss anomalies since this node's GPUs were last checked
@@ -194,6 +194,7 @@ class Runner:
         while True:
             attempt_no += 1
             state = start_state(ctx, attempt_no)
+            state.elsewhere_before = saved_elsewhere_before(ledger_from_events(ctx.read_events()))
             missing = check_durable_history(ctx, state)
             if missing is not None:
                 return self._end(RunOutcome.STOPPED, ExitCode.STOPPED, missing, state, stopped_by="resume_audit")
@@ -541,6 +542,20 @@ class _RequeueCall:
 
     def finished(self) -> bool:
         return self._done.is_set()
+
+
+def saved_elsewhere_before(records: Sequence[Any]) -> tuple[str, int, int] | None:
+    """(path, step, attempt) of the newest save an earlier attempt's output named outside the
+    watched checkpoint directory, when that is newer than anything saved inside it."""
+    best: tuple[str, int, int] | None = None
+    inside = max((r.last_durable_step for r in records if r.last_durable_step is not None), default=None)
+    for r in records:
+        step = r.saved_elsewhere_step
+        if step is not None and (best is None or step > best[1]):
+            best = (r.saved_elsewhere or "", step, r.attempt)
+    if best is None or (inside is not None and inside >= best[1]):
+        return None
+    return best
 
 
 def will_be_held(version: Any, how: str, info: Any) -> str | None:

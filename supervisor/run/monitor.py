@@ -24,6 +24,7 @@ from ..progress import LossTracker, ProgressTracker, StepExtractor
 from ..slownode import SlowNodeTracker
 from ..stall import StallTimeout
 from . import notice as notices
+from . import resumable
 from .attempt import AttemptState
 from .context import RunContext
 from .saves import WATCH_INTERVAL, final_rescan, record_save, watch_saves
@@ -78,6 +79,7 @@ def monitor(ctx: RunContext, child: Any, state: AttemptState) -> ChildExit:
                 pass
             drain_control(ctx, child, state, w, now)
             final_rescan(ctx, w.watcher, state, now)
+            resumable.check(ctx, state, now)
             rejected = getattr(w.extractor, "rejected", 0)
             if rejected:
                 ctx.emit(Ev.WARNING, attempt=state.attempt, reason="step numbers out of range ignored", count=rejected)
@@ -111,6 +113,7 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
         notices.poll_for_preemption(ctx, child, state, now, w.progress.rate(now))
     if state.notice is not None and exit_ is None:
         notices.refine_deadline(ctx, state, now)
+    resumable.check(ctx, state, now)
     if exit_ is not None:
         return exit_
     check_health(ctx, child, state, w, now)
@@ -126,6 +129,7 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
     """Analyse up to LINES_PER_TICK queued output lines; returns how many there were."""
     lines = child.drain_lines(LINES_PER_TICK)
     for line in lines:
+        resumable.observe_line(ctx, state, line)
         match = w.extractor.match(line)
         if match is None or not (0 <= match.value < MAX_STEP):
             continue
@@ -152,15 +156,20 @@ def observe_step(ctx: RunContext, child: Any, state: AttemptState, w: Watch, ste
 
 def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: int) -> None:
     from ..budget import audit_resume as audit
+    from ..budget import audit_saved_elsewhere
 
     state.resume_checked = True
     verdict = audit(state.resume_step, first_step, state.resume_path)
-    ctx.emit(Ev.RESUMED, attempt=state.attempt, step=first_step, expected_step=state.resume_step, ok=verdict.ok,
+    expected, where = state.resume_step, state.resume_path
+    if state.resume_path is None and state.resume_step is None and state.elsewhere_before is not None:
+        where, expected, by = state.elsewhere_before  # saved outside the directory: a fresh start loses it
+        verdict = audit_saved_elsewhere(expected, where, by, str(ctx.layout.ckpt_dir), first_step)
+    ctx.emit(Ev.RESUMED, attempt=state.attempt, step=first_step, expected_step=expected, ok=verdict.ok,
              reason=verdict.reason)
     if verdict.ok:
         return
-    ctx.emit(Ev.RESUME_MISMATCH, attempt=state.attempt, expected_step=state.resume_step, got_step=first_step,
-             resume_path=state.resume_path, reason=verdict.reason)
+    ctx.emit(Ev.RESUME_MISMATCH, attempt=state.attempt, expected_step=expected, got_step=first_step,
+             resume_path=where, reason=verdict.reason)
     log.error("RESUME AUDIT FAILED: %s", verdict.reason)
     if ctx.cfg.budget.on_resume_mismatch == "stop":
         state.stopped_reason = f"resume audit failed: {verdict.reason}"
