@@ -130,15 +130,15 @@ def test_an_in_place_checkpoint_with_a_flag_and_no_path_is_resumed_after_each_of
     run_dir, out = tmp_path / "run", tmp_path / "out"
     res = run_supervise(["run", "--run-dir", str(run_dir), "--checkpoint-dir", str(out), "--resume-arg",
                          "--init_from=resume", *FAST, "--", sys.executable, str(CHILDREN / "inplace_ckpt.py"),
-                         f"--out_dir={out}", "--max_iters=50", "--eval_interval=10"],
-                        env={"CRASH_AT": "1:25,2:37"}, cwd=tmp_path)
+                         f"--out_dir={out}", "--max_iters=30", "--eval_interval=10"],
+                        env={"CRASH_AT": "1:15,2:25", "SAVE_STEP_KEY": "1"}, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     starts = events_named(run_dir, "attempt_start")
     assert len(starts) == 3 and "--init_from=resume" not in starts[0]["argv"]
     assert all(s["argv"][-1] == "--init_from=resume" and s["resume_path"] == str(out / "ckpt.pt")
                for s in starts[1:])
     logs = [(run_dir / "supervisor" / f"attempt-{n}.log").read_text() for n in (2, 3)]
-    assert "resuming from iter 20" in logs[0] and "resuming from iter 30" in logs[1]
+    assert "resuming from iter 10" in logs[0] and "resuming from iter 20" in logs[1]
     assert [e["class"] for e in events_named(run_dir, "attempt_end")] == ["native_crash", "native_crash", "completed"]
     assert not events_named(run_dir, "resume_mismatch")
 
