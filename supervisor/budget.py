@@ -43,7 +43,7 @@ __all__ = [
     "RunVerdict",
     "audit_durable_history",
     "audit_resume",
-    "audit_saved_elsewhere",
+    "audit_fresh_start",
     "is_crash",
     "judge",
     "ledger_from_events",
@@ -412,24 +412,31 @@ def audit_resume(expected_step: int | None, reported_first_step: int | None, res
                               f"{expected_step}{where}: it resumed from something else")
 
 
-def audit_saved_elsewhere(saved_step: int | None, saved_path: str | None, saved_by: int | None,
-                          checkpoint_dir: str, reported_first_step: int | None) -> ResumeAudit:
-    """An attempt with no resume point (nothing in the watched directory), after an earlier attempt's
-    output said it saved a checkpoint of ``saved_step`` to ``saved_path`` outside that directory.
-    A child that starts from scratch throws that progress away: flagged, with the flag that lets the
-    supervisor see the checkpoints. One that starts later resumed by itself (its own path): fine. Only
-    a start from scratch is flagged: the save the output named may have been torn since."""
+def audit_fresh_start(saved_step: int | None, saved_path: str | None, saved_by: int | None,
+                      checkpoint_dir: str, reported_first_step: int | None, *, outside: bool) -> ResumeAudit:
+    """An attempt with no resume point, after an earlier attempt saved ``saved_step`` to
+    ``saved_path``: outside the watched directory (the output named it), or inside it but not
+    usable as a resume point (its step cannot be read from the file). A child that starts from
+    scratch throws that progress away: flagged, with what to add. One that starts later resumed by
+    itself (it knows its own path): fine. Only a start from scratch is flagged: the save may have
+    been torn since."""
     if saved_step is None or saved_step <= 1 or reported_first_step is None:
-        return ResumeAudit(True, "unknown: no step saved outside the checkpoint directory, or none reported yet")
+        return ResumeAudit(True, "unknown: no step saved before, or none reported yet")
     if reported_first_step > 1:
         return ResumeAudit(True, f"started at step {reported_first_step}: resumed by itself (attempt {saved_by} "
-                                 f"saved step {saved_step} to {saved_path}, outside the watched directory)")
-    where = str(saved_path) if saved_path else "a path outside the watched directory"
-    fix = f"--checkpoint-dir {suggested_checkpoint_dir(saved_path)}" if saved_path else "--checkpoint-dir DIR"
-    return ResumeAudit(False, f"child started from scratch but attempt {saved_by} saved step {saved_step} to {where}, "
-                              f"outside the watched checkpoint directory {checkpoint_dir}: the supervisor cannot "
-                              f"hand it over, {saved_step - reported_first_step} steps would be redone; pass {fix} "
-                              "(and a resume command: docs/resume.md)")
+                                 f"saved step {saved_step} to {saved_path})")
+    where = str(saved_path) if saved_path else "a path the supervisor does not know"
+    redo = f"{saved_step - reported_first_step} steps would be redone"
+    if outside:
+        fix = f"--checkpoint-dir {suggested_checkpoint_dir(saved_path)}" if saved_path else "--checkpoint-dir DIR"
+        return ResumeAudit(False, f"child started from scratch but attempt {saved_by} saved step {saved_step} to "
+                                  f"{where}, outside the watched checkpoint directory {checkpoint_dir}: the "
+                                  f"supervisor cannot hand it over, {redo}; pass {fix} (and a resume command: "
+                                  "docs/resume.md)")
+    return ResumeAudit(False, f"child started from scratch but attempt {saved_by} saved step {saved_step} to "
+                              f"{where}, which is not a usable resume point (its step cannot be read from the file): "
+                              f"{redo}; set checkpoint.step_from (e.g. key:iter_num or log) and a resume command "
+                              "(docs/resume.md)")
 
 
 @dataclass(frozen=True)

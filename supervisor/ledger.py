@@ -49,6 +49,7 @@ __all__ = [
     "ledger_from_events",
     "loss_anomalies",
     "made_progress",
+    "newest_save",
     "progress_by_attempt",
     "records_to_json",
     "restarts_from_scratch",
@@ -446,6 +447,21 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
 
 _FOLDED = frozenset(e.value for e in (Ev.PROGRESS, Ev.RESUMED, Ev.SAVE_END, Ev.ATTEMPT_END, Ev.FAILURE,
                                       Ev.DECISION, Ev.SAVE_ELSEWHERE))
+
+
+def newest_save(events: Iterable[Event]) -> tuple[str | None, int, int | None] | None:
+    """(path, step, attempt) of the newest save with a known step the log records: a ``save_end``
+    that ended ok, or a ``save_elsewhere`` the output named."""
+    best: tuple[str | None, int, int | None] | None = None
+    for ev in events:
+        if ev.event == Ev.SAVE_END.value and ev.get("ok") is False:
+            continue
+        if ev.event not in (Ev.SAVE_END.value, Ev.SAVE_ELSEWHERE.value):
+            continue
+        step = as_int(ev.get("step"))
+        if step is not None and (best is None or step >= best[1]):
+            best = (as_str(ev.get("path")), step, as_int(ev.get("attempt")))
+    return best
 
 
 def final_run_end(events: Sequence[Event]) -> Event | None:

@@ -190,6 +190,18 @@ def test_the_plan_is_bounded_blocking_redirected_and_has_no_control_channel() ->
     assert plan.stop_at_step == 300 + 33 + 33  # to the failure step and as many again (at least 20)
 
 
+def test_the_rerun_resumes_the_way_the_run_did_including_fixed_flags_and_the_environment_form() -> None:
+    failure = pick_failure(EVENTS)
+    manifest = {"cwd": "/work/exp", "config": {"resume_arg": "+trainer.ckpt_path={path} --resume",
+                                               "resume_env": ["RESUME_FROM={path}", "RESUME_STEP={step}"]}}
+    plan = plan_diagnosis(EVENTS, failure, checkpoint=CheckpointCandidate("/runs/x/my ckpts/step=300.ckpt", 300,
+                                                                          "save_end"),
+                          checkpoint_reason="newest", manifest=manifest, environ={"PATH": "/usr/bin"}, scratch="/s",
+                          cwd=None, max_seconds=60.0, max_steps=None, sanitizer=None)
+    assert plan.command[-2:] == ("+trainer.ckpt_path=/runs/x/my ckpts/step=300.ckpt", "--resume")
+    assert plan.env["RESUME_FROM"] == "/runs/x/my ckpts/step=300.ckpt" and plan.env["RESUME_STEP"] == "300"
+
+
 # --------------------------------------------------------------------------- the command, end to end
 
 TRAIN = textwrap.dedent('''

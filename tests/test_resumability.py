@@ -102,3 +102,15 @@ def test_nothing_seen_for_long_names_the_checkpoint_dir_flag() -> None:
     assert not verdict.ok and verdict.missing == ("checkpoint",)
     assert "none seen in /run/checkpoints after step 5000 and 67 min" in verdict.reason
     assert verdict.fix is not None and verdict.fix.startswith("--checkpoint-dir DIR")
+
+
+def test_a_start_from_scratch_after_a_save_the_supervisor_could_not_hand_over_is_caught() -> None:
+    from supervisor.budget import audit_fresh_start
+
+    outside = audit_fresh_start(100, "/elsewhere/ckpt.pt", 1, "/run/checkpoints", 0, outside=True)
+    assert not outside.ok and "pass --checkpoint-dir /elsewhere" in outside.reason and "100 steps" in outside.reason
+    unreadable = audit_fresh_start(100, "/run/checkpoints/ckpt.pt", 1, "/run/checkpoints", 1, outside=False)
+    assert not unreadable.ok and "checkpoint.step_from" in unreadable.reason and "99 steps" in unreadable.reason
+    assert audit_fresh_start(100, "/elsewhere/ckpt.pt", 1, "/run/checkpoints", 100, outside=True).ok  # resumed itself
+    assert audit_fresh_start(100, "/elsewhere/ckpt.pt", 1, "/run/checkpoints", 40, outside=True).ok  # an older save
+    assert audit_fresh_start(None, None, None, "/run/checkpoints", 0, outside=True).ok

@@ -38,6 +38,14 @@ def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpo
     \b
     Example:
       srun supervise run --run-dir $SCRATCH/runs/exp1 -- python train.py --lr 3e-4
+
+    \b
+    Exit codes (supervise's own, never the child's: its status is named beside,
+    "the child exited N", and in run_end's child_exit_code):
+      0 training complete; 2 usage or config error, nothing started; 3 another
+      supervisor holds RUN_DIR; 4 stopped by policy (budget, crash loop, resume
+      audit, a class whose policy is stop); 75 handed back to Slurm (requeue);
+      130 interrupted by a person.
     """
     if not command:
         raise UsageError("missing the training command after '--' (e.g. supervise run -- python train.py)")

@@ -66,7 +66,8 @@ class AttemptState:
     saved_elsewhere: tuple[str, int | None] | None = None  # (path, step): the output named a save outside the dir
     saves_elsewhere: int = 0  # how many such lines were recorded (bounded)
     resume_output: str | None = None  # an output line that showed the training load a checkpoint
-    elsewhere_before: tuple[str, int, int] | None = None  # (path, step, attempt): an earlier attempt's save outside
+    # (path, step, attempt): the newest save an earlier attempt made, when this one has no resume point
+    elsewhere_before: tuple[str | None, int, int | None] | None = None
 
     def observe_step(self, step: int, now: float, source: str) -> bool:
         """Record a step report; client reports win over regex matches once seen.

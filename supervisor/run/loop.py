@@ -26,6 +26,7 @@ from ..errors import ExitCode, UsageError
 from ..events import Ev, EventLog
 from ..failures import classify
 from ..budget import ledger_from_events
+from ..ledger import newest_save
 from ..health import after_loss_anomaly
 from ..lock import RunLock
 from ..preemption import decide_requeue
@@ -194,7 +195,8 @@ class Runner:
         while True:
             attempt_no += 1
             state = start_state(ctx, attempt_no)
-            state.elsewhere_before = saved_elsewhere_before(ledger_from_events(ctx.read_events()))
+            if state.resume_path is None:  # nothing to hand over: a start from scratch must not lose a save
+                state.elsewhere_before = newest_save(ctx.read_events())
             missing = check_durable_history(ctx, state)
             if missing is not None:
                 return self._end(RunOutcome.STOPPED, ExitCode.STOPPED, missing, state, stopped_by="resume_audit")
@@ -542,20 +544,6 @@ class _RequeueCall:
 
     def finished(self) -> bool:
         return self._done.is_set()
-
-
-def saved_elsewhere_before(records: Sequence[Any]) -> tuple[str, int, int] | None:
-    """(path, step, attempt) of the newest save an earlier attempt's output named outside the
-    watched checkpoint directory, when that is newer than anything saved inside it."""
-    best: tuple[str, int, int] | None = None
-    inside = max((r.last_durable_step for r in records if r.last_durable_step is not None), default=None)
-    for r in records:
-        step = r.saved_elsewhere_step
-        if step is not None and (best is None or step > best[1]):
-            best = (r.saved_elsewhere or "", step, r.attempt)
-    if best is None or (inside is not None and inside >= best[1]):
-        return None
-    return best
 
 
 def will_be_held(version: Any, how: str, info: Any) -> str | None:

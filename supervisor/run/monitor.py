@@ -25,6 +25,7 @@ from ..slownode import SlowNodeTracker
 from ..stall import StallTimeout
 from . import notice as notices
 from . import resumable
+from .resumable import inside as _inside
 from .attempt import AttemptState
 from .context import RunContext
 from .saves import WATCH_INTERVAL, final_rescan, record_save, watch_saves
@@ -156,14 +157,15 @@ def observe_step(ctx: RunContext, child: Any, state: AttemptState, w: Watch, ste
 
 def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: int) -> None:
     from ..budget import audit_resume as audit
-    from ..budget import audit_saved_elsewhere
+    from ..budget import audit_fresh_start
 
     state.resume_checked = True
     verdict = audit(state.resume_step, first_step, state.resume_path)
     expected, where = state.resume_step, state.resume_path
     if state.resume_path is None and state.resume_step is None and state.elsewhere_before is not None:
-        where, expected, by = state.elsewhere_before  # saved outside the directory: a fresh start loses it
-        verdict = audit_saved_elsewhere(expected, where, by, str(ctx.layout.ckpt_dir), first_step)
+        where, expected, by = state.elsewhere_before  # saved before, nothing handed over: a fresh start loses it
+        outside = where is None or not _inside(where, ctx.layout.ckpt_dir)
+        verdict = audit_fresh_start(expected, where, by, str(ctx.layout.ckpt_dir), first_step, outside=outside)
     ctx.emit(Ev.RESUMED, attempt=state.attempt, step=first_step, expected_step=expected, ok=verdict.ok,
              reason=verdict.reason)
     if verdict.ok:

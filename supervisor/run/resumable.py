@@ -25,9 +25,10 @@ log = logging.getLogger("supervisor.run")
 MAX_SAVES_ELSEWHERE = 1000  # save_elsewhere events recorded per attempt
 
 
-def _inside(path: Path, directory: Path) -> bool:
-    path, directory = Path(os.path.normpath(path)), Path(os.path.normpath(directory))
-    return path == directory or directory in path.parents
+def inside(path: str | Path, directory: str | Path) -> bool:
+    """Is ``path`` the directory or under it (by name: no symlink is followed)?"""
+    p, d = Path(os.path.normpath(path)), Path(os.path.normpath(directory))
+    return p == d or d in p.parents
 
 
 def observe_line(ctx: RunContext, state: AttemptState, line: str) -> None:
@@ -37,7 +38,7 @@ def observe_line(ctx: RunContext, state: AttemptState, line: str) -> None:
         path = Path(saved)
         if not path.is_absolute():
             path = Path(ctx.cwd or os.getcwd()) / path
-        if _inside(path, ctx.layout.ckpt_dir) or state.saves_elsewhere >= MAX_SAVES_ELSEWHERE:
+        if inside(path, ctx.layout.ckpt_dir) or state.saves_elsewhere >= MAX_SAVES_ELSEWHERE:
             return
         state.saves_elsewhere += 1
         state.saved_elsewhere = (os.path.normpath(path), state.last_step)
