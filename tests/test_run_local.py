@@ -45,11 +45,13 @@ def test_success_streams_output_and_records_the_run(tmp_path: Path) -> None:
         assert isinstance(ev["ts"], float) and ev["v"] == 1
 
 
-def test_python_exception_stops_with_the_childs_status(tmp_path: Path) -> None:
+def test_python_exception_stops_the_run_and_names_the_childs_status(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     res = run_supervise(["run", "--run-dir", str(run_dir), "--", PY, "-c",
                          "raise ValueError('bad learning rate')"])
-    assert res.returncode == 1
+    assert res.returncode == 4  # stopped by policy; the child's 1 is named beside it
+    assert events_named(run_dir, "run_end")[0]["child_exit_code"] == 1
+    assert "(the child exited 1)" in events_named(run_dir, "run_end")[0]["reason"]
     failure = events_named(run_dir, "failure")[0]
     assert failure["class"] == "python_exception"
     assert any("ValueError: bad learning rate" in line for line in failure["evidence"])
@@ -57,10 +59,10 @@ def test_python_exception_stops_with_the_childs_status(tmp_path: Path) -> None:
     assert len(events_named(run_dir, "attempt_start")) == 1  # an exception is not retried
 
 
-def test_exit_code_passes_through_when_policy_stops(tmp_path: Path) -> None:
+def test_the_childs_exit_code_is_named_never_passed_through_when_policy_stops(tmp_path: Path) -> None:
     res = run_supervise(["run", "--run-dir", str(tmp_path / "r"), "--set", "policy.unknown=stop",
                          "--", PY, "-c", "import sys; sys.exit(7)"])
-    assert res.returncode == 7
+    assert res.returncode == 4 and "the child exited 7" in res.stderr
 
 
 @pytest.mark.parametrize("signame", ["SIGUSR2", "SIGINT"])
