@@ -338,9 +338,11 @@ def deflate_bomb_zip(path: str | os.PathLike[str], inflated_mb: int = 300, size_
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
         archive.writestr("archive/data.pkl", pkl)
         archive.writestr(zipfile.ZipInfo("archive/.format_version"), b"1")
+        archive.writestr(zipfile.ZipInfo("archive/version"), b"3\n")  # torch refuses an archive without one
     if size_field is not None:
         raw = bytearray(path.read_bytes())
         cd = raw.rfind(b"PK\x01\x02", 0, raw.rfind(b"PK\x01\x02"))  # the data.pkl entry (first of two)
         struct.pack_into("<I", raw, cd + 24, size_field)
+        struct.pack_into("<I", raw, 22, size_field)  # and its local header (offset 0): both lie alike
         path.write_bytes(bytes(raw))
     return path

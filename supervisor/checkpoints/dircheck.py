@@ -24,7 +24,7 @@ from ..commit_marker import MARKER, CommitState, verify_commit
 from ..states import Verdict
 from . import formats as F
 from .allowlist import allowed_for
-from .filecheck import check_file, check_safetensors, read_tensor_int, unsafe_reason
+from .filecheck import check_file, check_safetensors, check_torch_zip, read_tensor_int, unsafe_reason
 from .fsio import describe_oserror, read_regular, regular_fd
 from .limits import MAX_PICKLE_BYTES, MAX_SHARDS, MAX_SMALL_FILE, ScanLimitError
 from .naming import has_checkpoint_suffix, step_from_name
@@ -32,15 +32,17 @@ from .outcome import Outcome, corrupt, unverifiable, valid, worst
 from .picklescan import (
     STEP_KEYS,
     Call,
+    PickleScan,
     PickleScanError,
+    TruncatedPickle,
     as_mapping,
     is_tensor,
     plain_int,
     scan_pickle,
+    unknown_layout,
 )
 from .zipcheck import (
     ZipCheckError,
-    cached_crc_check,
     crc_cache_key,
     pread_exact,
     read_entry,
@@ -119,9 +121,13 @@ def check_committed(path: str, *, deep: bool = False, depth: int = 0,
         return unverifiable(outcome.format, min(outcome.level, 2), f"commit marker: {commit.reason}; {outcome.reason}",
                             embedded_step=step, epoch=outcome.epoch, facts=outcome.facts, load_safe=outcome.load_safe)
     summary = f"committed by {commit.world_size or '?'} rank(s): {commit.reason}"
+    hostile = loose_pickle_problem(path, outcome.format, deep=deep)
+    if hostile is not None:
+        return hostile.but(embedded_step=step)
     if outcome.verdict is Verdict.UNVERIFIABLE and outcome.level == 0 and outcome.load_safe:
         # A layout no validator knows (numpy shards, a custom writer): the manifest is the check.
-        return valid(outcome.format, 2, f"{summary}; contents not checked ({outcome.reason})", embedded_step=step)
+        return valid(outcome.format, 2, f"{summary}; no checkpoint format recognised, every file that holds "
+                                        f"a pickle scanned ({outcome.reason})", embedded_step=step)
     level = outcome.level
     if deep and commit.crc_checked and outcome.verdict is Verdict.VALID:
         level = max(level, 4)
@@ -165,6 +171,8 @@ def check_dcp(path: str, *, deep: bool = False) -> Outcome:
         if unsafe := unsafe_reason([scan], allowed_for(name)):
             return corrupt(fmt, 2, f"{name}: {unsafe}", load_safe=False)
         root = scan.root
+        if layout := unknown_layout(root):
+            return corrupt(fmt, 2, f"{name}: tensor layout {layout} does not exist: DCP cannot read it (damaged)")
         found = _dcp_items(root)
         understood = understood and found is not None
         items.extend(found or [])
@@ -251,23 +259,19 @@ def _dcp_items_framing(path: str, items: list[tuple[str, int, int, str, bool]], 
                     unframed += 1
                     continue
                 framed += 1
-                try:
-                    trailer = read_trailer(fd, offset, length)
-                    if deep or _is_step_fqn(fqn):
-                        index = read_index(fd, offset, length, trailer)
-                        if _is_step_fqn(fqn) and step is None:
-                            step = _item_int(fd, offset, length)
-                        if deep:
-                            try:
-                                crc = cached_crc_check(fd, offset, index, crc_cache_key(shard, st, offset))
-                            except ScanLimitError:  # a compressed item too large to inflate: no CRC read
-                                crc_missing = True
-                                continue
-                            if crc.verifiable and not crc.ok:
-                                return corrupt(fmt, 4, f"item {fqn or offset} in {rel}: {crc.reason}")
-                            crc_missing = crc_missing or not crc.verifiable
-                except ZipCheckError as exc:
-                    return corrupt(fmt, 3, f"item {fqn or offset} in {rel}: {exc.reason}")
+                # Each item is a torch.save zip that DCP hands to torch.load (bytes items with
+                # weights_only=False): the same ladder as a file, data.pkl scanned included.
+                item = check_torch_zip(fd, length, base=offset, deep=deep,
+                                       cache_key=crc_cache_key(shard, st, offset) if deep else None)
+                where = f"item {fqn or offset} in {rel}"
+                if item.verdict is Verdict.CORRUPT:
+                    return corrupt(fmt, max(item.level, 3), f"{where}: {item.reason}", load_safe=item.load_safe)
+                if item.verdict is not Verdict.VALID:
+                    if not item.load_safe or not deep:
+                        return unverifiable(fmt, 3, f"{where}: {item.reason}", load_safe=item.load_safe)
+                    crc_missing = True
+                if _is_step_fqn(fqn) and step is None:
+                    step = _item_int(fd, offset, length)
     if zero_items and framed:  # zip-framed items never start with zeros: a hole, not data
         return corrupt(fmt, 3, zero_items[0])
     note = f"; {unframed} items not zip-framed (extents only)" if unframed else ""
@@ -550,6 +554,9 @@ def check_generic_dir(path: str, *, deep: bool = False, depth: int = 0) -> Outco
         outcome = check_dir(os.path.join(path, rel), deep=deep, depth=depth + 1)
         outcomes.append(outcome.but(reason=f"{rel}/: {outcome.reason}"))
     step = next((o.embedded_step for o in outcomes if o.embedded_step is not None), None)
+    loose = loose_pickle_problem(path, fmt, deep=deep)
+    if loose is not None:
+        outcomes.insert(0, loose)
     bad = worst(outcomes)
     if bad:
         return bad.but(format=fmt, embedded_step=step)
@@ -580,6 +587,91 @@ def _walk(path: str, max_depth: int) -> tuple[list[str], list[str]]:
             elif has_checkpoint_suffix(entry.name):
                 files.append(child)  # a FIFO or device too: its check reports it, never opens it
     return sorted(files), sorted(nested)
+
+
+_PROBE_BYTES = 64 << 10
+
+
+def loose_pickle_problem(path: str, fmt: str, *, deep: bool = False) -> Outcome | None:
+    """Files of a directory checkpoint that its format's check does not read, but a loader might
+    unpickle: any regular file (dot files too, three levels deep) without a checkpoint suffix at
+    the top level. One that holds a zip, a legacy torch file or a pickle is scanned with the same
+    inert scanner; the first that is damaged or names globals outside the allowlist decides (a
+    directory is never safer than its worst file). Data files (JSON, text, numpy) are not pickles
+    and are passed over. None when nothing is wrong."""
+    for rel in _all_files(path, max_depth=3):
+        name = os.path.basename(rel)
+        top = os.sep not in rel
+        if name == MARKER or (top and has_checkpoint_suffix(name)):
+            continue  # the format's own check (or the commit marker) read it
+        if fmt == F.DCP and top and (name.endswith(".distcp") or name.endswith(".metadata")
+                                     or name == ".metadata.tmp"):
+            continue
+        outcome = _loose_file(os.path.join(path, rel), rel, deep=deep)
+        if outcome is not None:
+            return outcome.but(format=fmt)
+    return None
+
+
+def _loose_file(path: str, rel: str, *, deep: bool) -> Outcome | None:
+    try:
+        with regular_fd(path) as (fd, st):
+            head = pread_exact(fd, _PROBE_BYTES, 0)
+            kind = F.sniff_bytes(head[: F.HEAD_BYTES], os.path.basename(path))
+            if kind in (F.TORCH_ZIP, F.TORCH_LEGACY, F.PICKLE):
+                verdict = _member(path, rel, deep=deep)
+                return None if verdict.verdict is Verdict.VALID else verdict
+            first = _first_pickle(fd, st.st_size, head)
+    except OSError as exc:
+        return unverifiable(F.UNKNOWN, 0, f"{rel}: cannot read: {describe_oserror(exc)}", load_safe=False)
+    if first is None:
+        return None  # not a pickle: a data file no unpickler reads
+    if isinstance(first, Outcome):
+        return first.but(reason=f"{rel}: {first.reason}")
+    if unsafe := unsafe_reason([first], allowed_for(os.path.basename(path))):
+        return corrupt(F.PICKLE, 3, f"{rel}: {unsafe}", load_safe=False)
+    return None
+
+
+def _first_pickle(fd: int, size: int, head: bytes) -> PickleScan | Outcome | None:
+    """The scan of the pickle a ``pickle.load`` of this file would run, None when the file does
+    not start with one (bounded: the probe, then at most MAX_PICKLE_BYTES)."""
+    try:
+        try:
+            return scan_pickle(head)
+        except TruncatedPickle:
+            if len(head) >= size:
+                return None
+        if size > MAX_PICKLE_BYTES:
+            return unverifiable(F.PICKLE, 2, f"starts like a pickle longer than {MAX_PICKLE_BYTES:,} bytes: "
+                                             "too large to scan", load_safe=False)
+        return scan_pickle(pread_exact(fd, size, 0))
+    except ScanLimitError as exc:
+        return unverifiable(F.PICKLE, 2, exc.reason, load_safe=False)
+    except PickleScanError:
+        return None
+
+
+def _all_files(path: str, max_depth: int) -> list[str]:
+    """Relative paths of the regular files under ``path`` (symlinks never followed)."""
+    files: list[str] = []
+    todo = [("", 0)]
+    while todo and len(files) < _MAX_WALK_FILES:
+        rel, level = todo.pop()
+        try:
+            entries = sorted(os.scandir(os.path.join(path, rel)), key=lambda e: e.name)
+        except OSError:
+            continue
+        for entry in entries:
+            child = os.path.join(rel, entry.name)
+            if entry.is_symlink():
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                if level + 1 < max_depth:
+                    todo.append((child, level + 1))
+            elif entry.is_file(follow_symlinks=False):
+                files.append(child)
+    return sorted(files)
 
 
 def dir_size_and_mtime(path: str) -> tuple[int, float]:

@@ -6,11 +6,10 @@ names a global outside :mod:`.allowlist` is CORRUPT ("unsafe pickle"), never a r
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import struct
+import tarfile
 import zlib
 from typing import Any, Literal
 
@@ -20,6 +19,8 @@ from .allowlist import allowed_for, disallowed
 from .fsio import regular_fd
 from .limits import MAX_PICKLE_BYTES, MAX_PICKLE_OPS, MAX_STEP, ScanLimitError
 from .outcome import Outcome, corrupt, unverifiable, valid
+from .stheader import MAX_HEADER as MAX_SAFETENSORS_HEADER
+from .stheader import check_header
 from .picklescan import (
     STEP_KEYS,
     Call,
@@ -35,6 +36,7 @@ from .picklescan import (
     is_tensor,
     plain_int,
     scan_pickle,
+    unknown_layout,
 )
 from .zipcheck import (
     ZipCheckError,
@@ -46,6 +48,7 @@ from .zipcheck import (
     read_entry,
     read_index,
     read_trailer,
+    torch_archive_problem,
 )
 
 # Scalars copied out of a checkpoint's top-level mapping (DeepSpeed world sizes, steps, versions).
@@ -75,6 +78,10 @@ def check_file(path: str, *, deep: bool = False, max_level: int = 3,
         if fmt == F.TORCH_ZIP:
             return check_torch_zip(fd, size, deep=deep, max_level=max_level, allowed=allowed,
                                    cache_key=crc_cache_key(path, st) if deep else None)
+        if fmt != F.TORCH_ZIP and not name.endswith(".safetensors") and (tar := tar_header_reason(fd, size)):
+            # torch.load reads any file that does not start with a zip header as a tar archive
+            # first, and only then as pickles: a file both can read is judged twice, never once.
+            return corrupt(fmt if fmt in F.FILE_FORMATS else F.UNKNOWN, 1, tar, load_safe=False)
         if fmt == F.TORCH_LEGACY:
             return check_torch_legacy(fd, size, max_level=max_level, allowed=allowed)
         if fmt == F.SAFETENSORS:
@@ -92,6 +99,24 @@ def check_file(path: str, *, deep: bool = False, max_level: int = 3,
                                            f"not begin with a local header (first bytes {head[:8].hex()}); "
                                            "torch writes one at offset 0")
         return check_unknown(fd, size, head, allowed=allowed)
+
+
+def tar_header_reason(fd: int, size: int) -> str | None:
+    """A reason when the file's first 512 bytes are a valid tar header: ``torch.load`` would then
+    take it for the pre-1.6 tar format and unpickle its ``storages``/``tensors``/``pickle``
+    members instead of the pickles the bytes hold at offset 0. All zeros is no header (the
+    zero-filled checks report that)."""
+    block = pread_exact(fd, tarfile.BLOCKSIZE, 0)
+    if len(block) < tarfile.BLOCKSIZE or block.count(0) == len(block):
+        return None
+    try:
+        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.HeaderError:
+        return None
+    except Exception:  # noqa: BLE001 -- tarfile raises it on to torch.load: not pickles either
+        pass
+    return ("ambiguous: also a valid tar archive, which torch.load reads (tar first) instead of the "
+            "pickles this validator would check; torch.save never writes this")
 
 
 def torch_tail_ok(fd: int, size: int) -> bool:
@@ -142,7 +167,10 @@ def check_torch_zip(
         pkl = index.get("data.pkl")
         if pkl is None:
             return unverifiable(F.ZIP, 2, "a zip archive without data.pkl: not a torch.save file", load_safe=False)
+        if problem := torch_archive_problem(index):
+            return corrupt(fmt, 2, problem, load_safe=False)
         _check_alignment(fd, base, index)
+        _check_byteorder(fd, base, index)
         if max_level < 3:
             return valid(fmt, 2, f"zip index intact ({len(index.entries)} entries)")
         scan = _scan_data_pkl(fd, base, index, pkl)
@@ -153,6 +181,8 @@ def check_torch_zip(
         problem = _storage_problem(index, scan)
         if problem:
             return corrupt(fmt, 3, problem)
+        if layout := unknown_layout(scan.root):
+            return corrupt(fmt, 3, f"data.pkl: tensor layout {layout} does not exist: torch cannot load it (damaged)")
         facts = top_level_facts(scan.root)
         step, epoch = find_step(scan.root), find_epoch(scan.root)
         if step is None:  # 'step': torch.tensor(1200) -- read the 8 bytes, still without unpickling
@@ -183,18 +213,29 @@ def check_torch_zip(
 def _check_alignment(fd: int, base: int, index: ZipIndex) -> None:
     """Torch aligns every ``data/`` record to ``.storage_alignment`` (64) so it can be mmapped."""
     entry = index.get(".storage_alignment")
-    if entry is None or entry.size > 16:
+    if entry is None:
         return
+    if entry.size > 16:
+        raise ZipCheckError(2, f".storage_alignment record of {entry.size:,} bytes (torch writes a number)")
     text = read_entry(fd, base, entry).strip()
     if not re.fullmatch(rb"[0-9]{1,6}", text):
         raise ZipCheckError(2, "unreadable .storage_alignment record")
     alignment = int(text)
     if alignment <= 0:
         return
-    data_prefix = f"{index.prefix}/data/"
+    data_prefix = f"{index.prefix}/data/".encode("utf-8", "surrogateescape").lower()
     for record in index.entries:
-        if record.name.startswith(data_prefix) and record.data_offset % alignment:
+        if (record.raw_name or record.name.encode()).lower().startswith(data_prefix) and record.data_offset % alignment:
             raise ZipCheckError(2, f"{record.name!r} is not {alignment}-byte aligned")
+
+
+def _check_byteorder(fd: int, base: int, index: ZipIndex) -> None:
+    """torch.load refuses a ``byteorder`` record other than ``little`` or ``big``."""
+    entry = index.get("byteorder")
+    if entry is None:
+        return
+    if entry.size > 16 or read_entry(fd, base, entry) not in (b"little", b"big"):
+        raise ZipCheckError(2, "byteorder record is neither 'little' nor 'big': torch refuses the file")
 
 
 def _scan_data_pkl(fd: int, base: int, index: ZipIndex, pkl: Any) -> PickleScan | Outcome:
@@ -332,76 +373,31 @@ def _scan_stream(data: bytes, count: int | None = None) -> list[PickleScan]:
 
 # ---------------------------------------------------------------------------- safetensors
 
-_SAFETENSORS_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "I16": 16, "U16": 16,
-    "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32, "I64": 64, "U64": 64, "F64": 64,
-    "C64": 64, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-}
-
-
 def check_safetensors(fd: int, size: int, *, max_level: int = 3, base: int = 0) -> Outcome:
-    """8-byte header length, JSON header, then the byte buffer, which must be covered exactly
-    (contiguous spans of ``numel*itemsize``). The format has no checksum. ``base``/``size``: a
-    safetensors blob inside a larger file (DCP's SAFETENSORS serialization)."""
+    """8-byte header length, JSON header, then the byte buffer, which must be covered exactly.
+    The header is judged by :mod:`.stheader` as the safetensors library judges it. The format has
+    no checksum. ``base``/``size``: a safetensors blob inside a larger file (DCP's SAFETENSORS
+    serialization)."""
     fmt = F.SAFETENSORS
     if size < 8:
         return corrupt(fmt, 1, f"truncated: {size} bytes, shorter than the 8-byte header length")
     (header_len,) = struct.unpack("<Q", pread_exact(fd, 8, base))
     if header_len == 0 and size >= 8 and pread_exact(fd, 8, base + 8).count(0) == min(8, size - 8):
         return corrupt(fmt, 1, "zero-filled start (size kept, data never written)")
-    if header_len > F.MAX_SAFETENSORS_HEADER:
+    if header_len > MAX_SAFETENSORS_HEADER:
         return corrupt(fmt, 1, f"header length {header_len} is implausible (damaged start)")
     if 8 + header_len > size:
         return corrupt(fmt, 1, f"truncated: header needs {8 + header_len} bytes, file has {size}")
     if max_level < 2:
         return valid(fmt, 1, "header length plausible")
-    raw = pread_exact(fd, header_len, base + 8)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return corrupt(fmt, 2, "JSON header unreadable (damaged, zero-filled or nested too deeply)")
-    if not isinstance(header, dict):
-        return corrupt(fmt, 2, "JSON header is not an object")
-    meta = header.pop("__metadata__", None)
-    step = _int_from_meta(meta, ("global_step", "step", "iteration"))
-    problem = _safetensors_span_problem(header, size - 8 - header_len)
-    if problem:
-        return corrupt(fmt, 3, problem, embedded_step=step)
-    return valid(fmt, 3, f"{len(header)} tensors cover the file exactly (format has no checksum)",
-                 embedded_step=step)
-
-
-def _safetensors_span_problem(header: dict, buffer_len: int) -> str | None:
-    spans = []
-    for name, info in header.items():
-        try:
-            begin, end = info["data_offsets"]
-            shape = info["shape"]
-            dtype = info["dtype"]
-        except (TypeError, KeyError, ValueError):
-            return f"tensor {name!r}: header entry damaged"
-        if not (isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
-            return f"tensor {name!r}: bad data offsets"
-        bits = _SAFETENSORS_BITS.get(dtype) if isinstance(dtype, str) else None
-        if not (isinstance(shape, list) and len(shape) <= 64
-                and all(type(d) is int and 0 <= d < 1 << 62 for d in shape)):
-            return f"tensor {name!r}: implausible shape"
-        if bits is not None:
-            need = (math.prod(shape) * bits + 7) // 8
-            if end - begin != need:
-                return f"tensor {name!r}: {end - begin} bytes, {dtype}{shape} needs {need}"
-        spans.append((begin, end, name))
-    spans.sort()
-    cursor = 0
-    for begin, end, name in spans:
-        if begin != cursor:
-            return f"tensor {name!r} does not follow the previous one (hole or overlap at {cursor})"
-        cursor = end
-    if cursor > buffer_len:
-        return f"truncated: tensors need {cursor} data bytes, file has {buffer_len}"
-    if cursor < buffer_len:
-        return f"{buffer_len - cursor} bytes after the last tensor (appended data?)"
-    return None
+    verdict = check_header(pread_exact(fd, header_len, base + 8), size - 8 - header_len)
+    if not verdict.ok:
+        return corrupt(fmt, 2 if "JSON" in verdict.reason else 3, verdict.reason)
+    step = _int_from_meta(verdict.metadata, ("global_step", "step", "iteration"))
+    if not verdict.torch_loadable:
+        return unverifiable(fmt, 3, f"{verdict.reason}, but a dtype safetensors.torch cannot load",
+                            embedded_step=step)
+    return valid(fmt, 3, verdict.reason, embedded_step=step)
 
 
 def _int_from_meta(meta: Any, keys: tuple[str, ...]) -> int | None:

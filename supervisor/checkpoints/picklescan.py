@@ -687,3 +687,17 @@ def describe(names: tuple[str, ...], limit: int = 3) -> str:
     shown = [ascii(n)[1:-1][:120] for n in names[:limit]]
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(shown) + more
+
+
+# torch.serialization._get_layout looks a layout up by its name: any other name fails the load.
+TORCH_LAYOUTS = frozenset({"torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc",
+                           "torch.sparse_bsr", "torch.sparse_bsc", "torch._mkldnn", "torch.jagged"})
+
+
+def unknown_layout(root: Any) -> str | None:
+    """The first tensor layout name the loader could not look up (a damaged string), or None."""
+    for call in iter_calls(root, "_get_layout"):
+        arg = call.args[0] if isinstance(call.args, tuple) and len(call.args) == 1 else None
+        if not isinstance(arg, str) or arg not in TORCH_LAYOUTS:
+            return ascii(arg)[:80]
+    return None

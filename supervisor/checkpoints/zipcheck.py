@@ -60,6 +60,7 @@ class ZipEntry:
     size: int
     crc: int
     method: int
+    raw_name: bytes = b""  # the name's bytes as stored: what torch's reader compares
 
 
 @dataclass(frozen=True)
@@ -70,13 +71,16 @@ class ZipIndex:
     cd_offset: int
 
     def get(self, relname: str) -> ZipEntry | None:
-        """The entry ``<prefix>/<relname>``."""
-        return self._by_name().get(f"{self.prefix}/{relname}")
+        """The entry torch's reader opens for ``<prefix>/<relname>``: names are compared as bytes
+        with ASCII letters folded to lower case (miniz's lookup). :func:`read_index` refused any
+        archive where two names fold to the same key, so there is at most one."""
+        key = (self.prefix + "/" + relname).encode("utf-8", "surrogateescape").lower()
+        return self._by_name().get(key)
 
-    def _by_name(self) -> dict[str, ZipEntry]:
+    def _by_name(self) -> dict[bytes, ZipEntry]:
         cached = self.__dict__.get("_names")
         if cached is None:
-            cached = {e.name: e for e in self.entries}
+            cached = {(e.raw_name or e.name.encode()).lower(): e for e in self.entries}
             object.__setattr__(self, "_names", cached)
         return cached
 
@@ -118,8 +122,21 @@ def read_trailer(fd: int, base: int, length: int, *, check_head: bool = True) ->
         end = length - TORCH_TRAILER
         if z64_offset != end or cd_offset + cd_size != end:
             raise ZipCheckError(1, "central directory bounds do not match the ZIP64 trailer")
+        _same_counts(tail[76:], entries, cd_size, cd_offset)
         return Trailer(cd_offset, cd_size, entries, torch_layout=True)
     return _generic_trailer(fd, base, length, tail)
+
+
+def _same_counts(eocd: bytes, entries: int, cd_size: int, cd_offset: int) -> None:
+    """miniz (torch's reader) takes each count from the classic end record unless it holds the
+    ZIP64 sentinel; other readers take the ZIP64 record. Both must agree."""
+    disk, cd_disk, here, total, size32, offset32 = struct.unpack_from("<HHHHII", eocd, 4)
+    for classic, sentinel, real in ((here, 0xFFFF, entries), (total, 0xFFFF, entries),
+                                    (size32, 0xFFFFFFFF, cd_size), (offset32, 0xFFFFFFFF, cd_offset)):
+        if classic != sentinel and classic != real:
+            raise ZipCheckError(1, "the end-of-central-directory record and the ZIP64 record disagree")
+    if disk not in (0, 0xFFFF) or cd_disk not in (0, 0xFFFF):
+        raise ZipCheckError(1, "a split (multi-disk) zip archive")
 
 
 def _generic_trailer(fd: int, base: int, length: int, tail: bytes) -> Trailer:
@@ -146,12 +163,14 @@ def _generic_trailer(fd: int, base: int, length: int, tail: bytes) -> Trailer:
             raise ZipCheckError(1, "no end-of-central-directory record: truncated (save cut short)")
         eocd_pos = length - scan_len + pos
         eocd = window[pos : pos + 22]
+        # miniz takes the last signature with 22 bytes after it, whatever the comment length says
+        if window.rfind(EOCD_SIG, 0, len(window) - 22 + 4) != pos:
+            raise ZipCheckError(1, "two end-of-central-directory records: readers disagree on which one counts")
     _, _, _, entries, cd_size, cd_offset, _ = struct.unpack_from("<HHHHIIH", eocd, 4)
     cd_end = eocd_pos
-    if entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF:
-        if eocd_pos < 20 + 56:
-            raise ZipCheckError(1, "ZIP64 records missing before the end-of-central-directory record")
-        locator = pread_exact(fd, 20, base + eocd_pos - 20)
+    locator = pread_exact(fd, 20, base + eocd_pos - 20) if eocd_pos >= 20 + 56 else b""
+    sentinel = entries == 0xFFFF or cd_size == 0xFFFFFFFF or cd_offset == 0xFFFFFFFF
+    if sentinel or locator[:4] == ZIP64_LOCATOR_SIG:  # miniz reads ZIP64 records whenever a locator is there
         if locator[:4] != ZIP64_LOCATOR_SIG:
             raise ZipCheckError(1, "ZIP64 locator missing")
         z64_offset = struct.unpack_from("<Q", locator, 8)[0]
@@ -159,28 +178,48 @@ def _generic_trailer(fd: int, base: int, length: int, tail: bytes) -> Trailer:
         if z64[:4] != ZIP64_EOCD_SIG or z64_offset + 56 > eocd_pos - 20:
             raise ZipCheckError(1, "ZIP64 end-of-central-directory record missing or misplaced")
         entries, cd_size, cd_offset = struct.unpack_from("<QQQ", z64, 32)
+        _same_counts(eocd, entries, cd_size, cd_offset)
         cd_end = z64_offset
+    else:
+        _same_counts(eocd, entries, cd_size, cd_offset)
     if cd_offset + cd_size != cd_end:
         raise ZipCheckError(1, "central directory bounds do not match the end-of-central-directory record")
     return Trailer(cd_offset, cd_size, entries, torch_layout=False)
 
 
 def read_index(fd: int, base: int, length: int, trailer: Trailer) -> ZipIndex:
-    """L2: parse the central directory and probe every local header. Raises ZipCheckError(2)."""
+    """L2: parse the central directory and probe every local header. Raises ZipCheckError(2).
+
+    The archive must read the same whichever way a reader walks it (docs/checkpoint-validation.md,
+    "One reading"): no two names equal with ASCII case folded (torch's miniz lookup folds case, so
+    ``data.pkl`` and ``DATA.PKL`` would be one name with two contents), each local header repeats
+    its central directory entry (name, method, sizes, CRC unless a data descriptor follows), and no
+    two entries share bytes."""
     cd = pread_exact(fd, trailer.cd_size, base + trailer.cd_offset)
     if len(cd) != trailer.cd_size:
         raise ZipCheckError(2, "central directory runs past the end of the file")
     raw = _parse_central_directory(cd, trailer.entries)
     if not raw:
         raise ZipCheckError(2, "empty zip archive")
+    seen: dict[bytes, str] = {}
+    for item in raw:
+        folded = item[1].lower()
+        if folded in seen:
+            same = "twice" if seen[folded] == item[0] else f"twice ({seen[folded]!r} and {item[0]!r})"
+            raise ZipCheckError(2, f"entry name {item[0]!r} appears {same} in letter case folded: "
+                                   "readers disagree on which one is meant (no writer produces this)")
+        seen[folded] = item[0]
     entries = [_probe_local_header(fd, base, trailer.cd_offset, *item) for item in raw]
     ordered = sorted(entries, key=lambda e: e.header_offset)
     for before, after in itertools.pairwise(ordered):
         if before.data_offset + before.comp_size > after.header_offset:
             raise ZipCheckError(2, f"entries {before.name!r} and {after.name!r} overlap")
-    prefix = entries[0].name.split("/", 1)[0]
+    prefix = entries[0].raw_name.split(b"/", 1)[0].decode("utf-8", "surrogateescape")
     crc_present = any(e.crc != 0 for e in entries if e.size > 0)
     return ZipIndex(tuple(entries), prefix, crc_present, trailer.cd_offset)
+
+
+_UNSUPPORTED_FLAGS = 0x0001 | 0x0040 | 0x2000  # encrypted, strong encryption, masked directory
 
 
 def _parse_central_directory(cd: bytes, expected: int) -> list[tuple]:
@@ -190,8 +229,8 @@ def _parse_central_directory(cd: bytes, expected: int) -> list[tuple]:
     while pos < len(cd):
         if cd[pos : pos + 4] != CENTRAL_SIG or pos + 46 > len(cd):
             raise ZipCheckError(2, f"central directory damaged at entry {len(out)}")
-        (flags, method, crc, csize, usize, nlen, elen, clen, offset) = struct.unpack_from(
-            "<2xHH4xIIIHHH8xI", cd, pos + 6
+        (flags, method, crc, csize, usize, nlen, elen, clen, disk, offset) = struct.unpack_from(
+            "<2xHH4xIIIHHHH6xI", cd, pos + 6
         )
         name_raw = bytes(view[pos + 46 : pos + 46 + nlen])
         extra = bytes(view[pos + 46 + nlen : pos + 46 + nlen + elen])
@@ -200,7 +239,11 @@ def _parse_central_directory(cd: bytes, expected: int) -> list[tuple]:
         if 0xFFFFFFFF in (csize, usize, offset):
             usize, csize, offset = _zip64_extra(extra, usize, csize, offset)
         name = name_raw.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
-        out.append((name, name_raw, offset, csize, usize, crc, method))
+        if flags & _UNSUPPORTED_FLAGS:
+            raise ZipCheckError(2, f"entry {name!r} is encrypted (flags 0x{flags:04x}): torch cannot read it")
+        if disk not in (0, 0xFFFF):
+            raise ZipCheckError(2, f"entry {name!r} is on disk {disk} of a split archive")
+        out.append((name, name_raw, offset, csize, usize, crc, method, flags))
         pos += 46 + nlen + elen + clen
     if len(out) != expected:
         raise ZipCheckError(2, f"central directory lists {len(out)} entries, trailer says {expected}")
@@ -212,6 +255,8 @@ def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int
     while pos + 4 <= len(extra):
         tag, size = struct.unpack_from("<HH", extra, pos)
         if tag == 0x0001:
+            if pos + 4 + size > len(extra):
+                break
             values = list(struct.unpack_from(f"<{size // 8}Q", extra, pos + 4))
             if usize == 0xFFFFFFFF and values:
                 usize = values.pop(0)
@@ -219,6 +264,8 @@ def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int
                 csize = values.pop(0)
             if offset == 0xFFFFFFFF and values:
                 offset = values.pop(0)
+            if 0xFFFFFFFF in (usize, csize, offset):
+                break
             return usize, csize, offset
         pos += 4 + size
     raise ZipCheckError(2, "ZIP64 sizes missing from a central directory entry")
@@ -226,23 +273,67 @@ def _zip64_extra(extra: bytes, usize: int, csize: int, offset: int) -> tuple[int
 
 def _probe_local_header(
     fd: int, base: int, cd_offset: int, name: str, name_raw: bytes, offset: int, csize: int,
-    usize: int, crc: int, method: int,
+    usize: int, crc: int, method: int, flags: int,
 ) -> ZipEntry:
+    """The local header must say what the central directory says: torch's reader takes the
+    sizes, method and CRC from the central directory and only the name and extra lengths from
+    here; Python's zipfile and other tools read more of it. Any disagreement is a forgery or
+    damage, never a writer's output."""
     if offset + 30 > cd_offset:
         raise ZipCheckError(2, f"entry {name!r} starts beyond the central directory")
     header = pread_exact(fd, 30 + len(name_raw), base + offset)
     if header[:4] != LOCAL_SIG:
         hint = " (zero-filled)" if header.count(0) == len(header) else ""
         raise ZipCheckError(2, f"local header of {name!r} missing{hint}")
-    nlen, elen = struct.unpack_from("<HH", header, 26)
-    if header[30 : 30 + nlen] != name_raw:
+    (l_flags, l_method, l_crc, l_csize, l_usize, nlen, elen) = struct.unpack_from("<2xHH4xIIIHH", header, 4)
+    if header[30 : 30 + nlen] != name_raw or nlen != len(name_raw):
         raise ZipCheckError(2, f"local header of {name!r} names another entry")
+    if l_method != method:
+        raise ZipCheckError(2, f"local header of {name!r} gives compression method {l_method}, "
+                               f"the central directory {method}")
+    if (l_flags ^ flags) & (0x0008 | _UNSUPPORTED_FLAGS):
+        raise ZipCheckError(2, f"local header of {name!r} has flags 0x{l_flags:04x}, "
+                               f"the central directory 0x{flags:04x}")
+    descriptor = bool(flags & 0x0008)
+    for what, local, central in (("CRC32", l_crc, crc), ("compressed size", l_csize, csize),
+                                 ("size", l_usize, usize)):
+        if local == central or (descriptor and local == 0):
+            continue
+        if what != "CRC32" and local == 0xFFFFFFFF and central >= 0xFFFFFFFF:
+            continue  # ZIP64: the real value is in the local extra field
+        raise ZipCheckError(2, f"local header of {name!r} gives {what} {local}, the central directory {central}")
     data_offset = offset + 30 + nlen + elen
     if data_offset + csize > cd_offset:
         raise ZipCheckError(2, f"data of {name!r} runs into the central directory")
     if method not in (0, 8):
         raise ZipCheckError(2, f"entry {name!r} uses unsupported compression method {method}")
-    return ZipEntry(name, offset, data_offset, csize, usize, crc, method)
+    if method == 0 and csize != usize:
+        raise ZipCheckError(2, f"stored entry {name!r} has two different sizes")
+    return ZipEntry(name, offset, data_offset, csize, usize, crc, method, name_raw)
+
+
+def torch_archive_problem(index: ZipIndex) -> str | None:
+    """What in an intact zip makes ``torch.load`` read it otherwise than a ``torch.save`` file,
+    or fail: an entry outside the archive folder (torch lists records by stripping the folder of
+    the first entry, and refuses others), a pickle besides ``data.pkl`` (``constants.pkl`` sends
+    the file to ``torch.jit.load``; any other is a second program no writer puts there), no
+    ``version`` record (torch refuses the archive). None when it reads as a torch.save file."""
+    folder = index.prefix.encode("utf-8", "surrogateescape") + b"/"
+    main = folder.lower() + b"data.pkl"
+    for entry in index.entries:
+        raw = entry.raw_name or entry.name.encode()
+        if not raw.startswith(folder) or raw == folder:
+            return (f"entry {entry.name!r} is outside the archive folder {index.prefix!r}: "
+                    "torch refuses the archive")
+        folded = raw.lower()
+        if folded.endswith(b"/constants.pkl"):
+            return (f"entry {entry.name!r}: a TorchScript archive, which torch.load hands to torch.jit.load "
+                    "(code runs); torch.save never writes it")
+        if folded.endswith(b".pkl") and folded != main:
+            return f"a second pickle {entry.name!r} besides data.pkl: torch.save writes exactly one"
+    if index.get(".data/version") is None and index.get("version") is None:
+        return "no version record: torch refuses the archive"
+    return None
 
 
 def read_entry(fd: int, base: int, entry: ZipEntry, limit: int = MAX_PICKLE_BYTES) -> bytes:
