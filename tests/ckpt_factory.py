@@ -341,7 +341,7 @@ def deflate_bomb_zip(path: str | os.PathLike[str], inflated_mb: int = 300, size_
         archive.writestr(zipfile.ZipInfo("archive/version"), b"3\n")  # torch refuses an archive without one
     if size_field is not None:
         raw = bytearray(path.read_bytes())
-        cd = raw.rfind(b"PK\x01\x02", 0, raw.rfind(b"PK\x01\x02"))  # the data.pkl entry (first of two)
+        cd = struct.unpack_from("<I", raw, len(raw) - 6)[0]  # the central directory: data.pkl's entry first
         struct.pack_into("<I", raw, cd + 24, size_field)
         struct.pack_into("<I", raw, 22, size_field)  # and its local header (offset 0): both lie alike
         path.write_bytes(bytes(raw))

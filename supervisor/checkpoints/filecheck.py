@@ -10,7 +10,6 @@ import os
 import re
 import struct
 import tarfile
-import zlib
 from typing import Any, Literal
 
 from ..states import Verdict
@@ -44,6 +43,8 @@ from .zipcheck import (
     cached_crc_check,
     crc_cache_key,
     crc_check,
+    entry_crc,
+    entry_reader,
     pread_exact,
     read_entry,
     read_index,
@@ -54,7 +55,6 @@ from .zipcheck import (
 # Scalars copied out of a checkpoint's top-level mapping (DeepSpeed world sizes, steps, versions).
 _FACT_TYPES = (int, str, float, bool)
 _MAX_FACT_TEXT = 256
-_LEGACY_FIRST_READ = 256 << 10  # the five pickles of a legacy file are usually a few KB
 
 
 def check_file(path: str, *, deep: bool = False, max_level: int = 3,
@@ -239,18 +239,20 @@ def _check_byteorder(fd: int, base: int, index: ZipIndex) -> None:
 
 
 def _scan_data_pkl(fd: int, base: int, index: ZipIndex, pkl: Any) -> PickleScan | Outcome:
-    """The one pickle torch.load unpickles: bounded read, CRC, scan, nothing after its STOP."""
-    data = read_entry(fd, base, pkl)
-    if index.crc_present and zlib.crc32(data) != pkl.crc:
+    """The one pickle torch.load unpickles: CRC, scan read window by window, nothing after its
+    STOP."""
+    if index.crc_present and entry_crc(fd, base, pkl) != pkl.crc:
         return corrupt(F.TORCH_ZIP, 3, "data.pkl CRC32 mismatch: the pickle is damaged")
+    reader, total = entry_reader(fd, base, pkl)
+    data = None
     try:
-        scan = scan_pickle(data)
+        scan = scan_pickle(data, reader=reader, total=total)
     except PickleScanError as exc:
         return corrupt(F.TORCH_ZIP, 3, f"data.pkl: {exc}")
-    if scan.end != len(data):
-        extra = len(data) - scan.end
+    if scan.end != total:
+        extra = total - scan.end
         try:  # a second pickle hidden after the first: name what it would call
-            unsafe = unsafe_reason(_scan_stream(data[scan.end:]), allowed_for())
+            unsafe = unsafe_reason(_scan_stream(data, start=scan.end, reader=reader, total=total), allowed_for())
         except (PickleScanError, ScanLimitError):
             unsafe = None
         what = f"; the trailing pickle is an {unsafe}" if unsafe else ""
@@ -341,30 +343,35 @@ def check_torch_legacy(fd: int, size: int, *, max_level: int = 3,
 
 
 def _legacy_pickles(fd: int, size: int) -> list[PickleScan]:
-    """The five pickles at the start of a legacy file, read in growing chunks (they are small; the
-    storages after them can be gigabytes) and never more than MAX_PICKLE_BYTES."""
-    want = min(size, _LEGACY_FIRST_READ, MAX_PICKLE_BYTES)
-    while True:
-        data = pread_exact(fd, want, 0)
-        try:
-            return _scan_stream(data, count=5)
-        except TruncatedPickle:
-            if len(data) >= size:
-                raise
-            if len(data) >= MAX_PICKLE_BYTES:
-                raise ScanLimitError(
-                    f"too large to scan: the legacy pickles run past {MAX_PICKLE_BYTES:,} bytes") from None
-            want = min(size, want * 8, MAX_PICKLE_BYTES)
+    """The five pickles at the start of a legacy file, read window by window (the storages after
+    them can be gigabytes), never past MAX_PICKLE_BYTES."""
+    total = min(size, MAX_PICKLE_BYTES)
+    try:
+        return _scan_stream(None, count=5, reader=_file_reader(fd), total=total)
+    except TruncatedPickle:
+        if total < size:
+            raise ScanLimitError(
+                f"too large to scan: the legacy pickles run past {MAX_PICKLE_BYTES:,} bytes") from None
+        raise
 
 
-def _scan_stream(data: bytes, count: int | None = None) -> list[PickleScan]:
-    """``count`` pickles back to back from the start of ``data`` (None: until its end), sharing
-    one opcode budget."""
+def _file_reader(fd: int, base: int = 0) -> Any:
+    def reader(offset: int, length: int) -> bytes:
+        return pread_exact(fd, length, base + offset)
+
+    return reader
+
+
+def _scan_stream(data: bytes | None, count: int | None = None, *, start: int = 0, reader: Any = None,
+                 total: int | None = None) -> list[PickleScan]:
+    """``count`` pickles back to back from ``start`` (None: until the end of the input), sharing
+    one opcode budget; the input is ``data`` or, with ``reader``, a file read window by window."""
+    end = len(data or b"") if reader is None else (total or 0)
     scans: list[PickleScan] = []
-    pos = 0
+    pos = start
     ops_left = MAX_PICKLE_OPS
-    while (len(scans) < count) if count is not None else (pos < len(data)):
-        scan = scan_pickle(data, pos, max_ops=ops_left)
+    while (len(scans) < count) if count is not None else (pos < end):
+        scan = scan_pickle(data, pos, max_ops=ops_left, reader=reader, total=end)
         ops_left -= scan.ops
         pos += scan.end
         scans.append(scan)
@@ -424,7 +431,7 @@ def check_plain_pickle(fd: int, size: int, *, allowed: frozenset[tuple[str, str]
     if size > MAX_PICKLE_BYTES:
         return _limit(fmt, 1, ScanLimitError(f"too large to scan: a {size:,}-byte pickle (limit {MAX_PICKLE_BYTES:,})"))
     try:
-        scans = _scan_stream(pread_exact(fd, size, 0))
+        scans = _scan_stream(None, reader=_file_reader(fd), total=size)
     except PickleScanError as exc:
         return corrupt(fmt, 2, str(exc))
     except ScanLimitError as exc:

@@ -18,6 +18,14 @@ MAX_SMALL_CONSTANT = 1 << 20  # str/bytes constants longer than this are checked
 MAX_STEP = 10**15 - 1  # a step number has at most 15 ASCII digits; more is not a step
 MAX_SHARDS = 1_000_000  # shard files a directory checkpoint may imply (DeepSpeed dp x mp, HF ranks)
 MAX_SMALL_FILE = 16 << 20  # JSON sidecars, DeepSpeed 'latest', DCP .metadata read whole
+MAX_GLOBALS = 10_000  # different globals one pickle may name (checkpoints name a few dozen)
+MAX_STORAGES = 200_000  # different tensor storages one pickle may name (a 60,000-tensor save names 60,000)
+
+# Memory bound of the scan (docs/benchmarks.md, "Pickle scan"): after LEAN_AFTER_OPS opcodes the
+# scan keeps only scalars set into mappings and short strings/globals in the memo, LEAN_KEEP of
+# them at most; the input itself is read through a mapping whose pages are dropped behind it.
+LEAN_AFTER_OPS = 400_000
+LEAN_KEEP = 100_000
 
 
 class ScanLimitError(Exception):

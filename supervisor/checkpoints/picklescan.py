@@ -26,10 +26,14 @@ from typing import Any, Literal
 
 from .allowlist import resolve
 from .limits import (
+    LEAN_AFTER_OPS,
+    LEAN_KEEP,
+    MAX_GLOBALS,
     MAX_NESTING,
     MAX_PICKLE_OPS,
     MAX_SMALL_CONSTANT,
     MAX_STEP,
+    MAX_STORAGES,
     ScanLimitError,
 )
 
@@ -53,6 +57,10 @@ class PickleScanError(Exception):
 
 class TruncatedPickle(PickleScanError):
     """The buffer ended before STOP (a reader holding only a prefix of the file may read more)."""
+
+
+class _PastInput(TruncatedPickle):
+    """An opcode needs bytes past the end of the whole input: reading more cannot help."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +114,7 @@ class Blob:
         self.kind, self.length = kind, length
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StorageRef:
     """One tensor storage record: torch stores its bytes as ``data/<key>`` (zip) or after the
     pickles (legacy)."""
@@ -152,128 +160,267 @@ _U8 = struct.Struct("<Q").unpack_from
 _F8 = struct.Struct(">d").unpack_from
 
 
-def scan_pickle(source: bytes | bytearray | memoryview, start: int = 0, *,
-                max_ops: int = MAX_PICKLE_OPS) -> PickleScan:
-    """Simulate the one pickle that starts at ``start`` in ``source``.
+class _Dropped:
+    """Stands in for what the lean mode let go of (see :class:`_LeanMemo`)."""
 
-    Raises :class:`TruncatedPickle` when the buffer ends first, :class:`PickleScanError` when it is
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<dropped>"
+
+
+DROPPED = _Dropped()
+_SCALARS = (int, float, bool, type(None), Global)
+_SHORT_TEXT = 256
+_CHECK_EVERY = 1 << 16  # opcodes between two looks at the caps and the pages already read
+
+
+def _keepable(value: Any) -> bool:
+    return isinstance(value, _SCALARS) or (type(value) is str and len(value) <= _SHORT_TEXT)
+
+
+_LEAN_MAPPING = 4096  # entries a mapping may reach through lean-mode SETITEMs
+_LEAN_MEMO_BYTES = 16 << 20  # what the lean memo may hold, about
+
+
+class _Lean:
+    """The bounded mode a scan switches to after ``LEAN_AFTER_OPS`` opcodes (big pickles only).
+
+    Every opcode is still decoded and every global still recorded, so the safety verdict is the
+    same; what is kept shrinks to what the step and format readers need: containers and calls
+    built from here on are :data:`DROPPED` placeholders (tuples stay: persistent ids are read from
+    them), plain scalars are still set into the mappings built before (``global_step`` after a
+    huge ``state_dict``), at most ``LEAN_KEEP`` of them and ``_LEAN_MAPPING`` per mapping, and the
+    memo keeps short strings and globals (so ``STACK_GLOBAL`` names stay exact) up to about
+    ``_LEAN_MEMO_BYTES``. A memo index whose object was let go reads as :data:`DROPPED`."""
+
+    __slots__ = ("kept", "memo_bytes")
+
+    def __init__(self) -> None:
+        self.kept = 0
+        self.memo_bytes = 0
+
+    def setitem(self, target: Any, key: Any, value: Any) -> None:
+        if target is DROPPED:
+            return
+        mapping = target if isinstance(target, dict) else target.items if isinstance(target, Call) else None
+        if mapping is None:
+            raise TypeError("SETITEM on a non-mapping")
+        if self.kept < LEAN_KEEP and len(mapping) < _LEAN_MAPPING and _keepable(value):
+            self.kept += 1
+            _setitem(target, key, value)
+
+    def append(self, target: Any, values: list) -> None:
+        if target is not DROPPED and not isinstance(target, (list, Call)):
+            raise TypeError("APPEND on a non-list")
+
+    def keep_in_memo(self, value: Any) -> bool:
+        if not _keepable(value):
+            return False
+        cost = 160 + (len(value) if type(value) is str else 0)  # the entry, the object, the text
+        if self.memo_bytes + cost > _LEAN_MEMO_BYTES:
+            return False
+        self.memo_bytes += cost
+        return True
+
+
+class _LeanMemo(dict):
+    """The memo in lean mode (see :class:`_Lean`). ``len`` counts every index set, as the
+    unpickler's MEMOIZE does."""
+
+    def __init__(self, base: dict, lean: _Lean) -> None:
+        super().__init__()
+        self.base, self.lean, self.count = base, lean, len(base)
+
+    def __setitem__(self, key: int, value: Any) -> None:
+        if key >= self.count:
+            self.count = key + 1
+        if self.lean.keep_in_memo(value):
+            super().__setitem__(key, value)
+        elif key in self.base:
+            self.base[key] = DROPPED
+
+    def __missing__(self, key: int) -> Any:
+        return self.base.get(key, DROPPED)
+
+    def __len__(self) -> int:
+        return self.count
+
+
+def _lean_reduce(func: Any, args: Any) -> Any:
+    """REDUCE in lean mode: the ints of :func:`_reduce` (numpy scalars, ZeroStageEnum), else a
+    placeholder."""
+    value = _reduce(func, args)
+    return value if type(value) is int else DROPPED
+
+
+WINDOW = 8 << 20  # bytes of a file read at once when a scan reads through ``reader``
+FIRST_WINDOW = 256 << 10  # the first read: most pickles (legacy headers, small data.pkl) fit
+
+
+def scan_pickle(source: bytes | bytearray | memoryview | None, start: int = 0, *,
+                max_ops: int = MAX_PICKLE_OPS, reader: Any = None, total: int | None = None) -> PickleScan:
+    """Simulate the one pickle that starts at ``start`` in ``source``, or, with ``reader``
+    (``reader(offset, length) -> bytes``, e.g. a pread of a file) and ``total`` (where the input
+    ends), in a file read window by window: a big pickle never sits in memory whole.
+
+    Raises :class:`TruncatedPickle` when the input ends first, :class:`PickleScanError` when it is
     not a well-formed pickle, :class:`~.limits.ScanLimitError` when it is over a cap."""
-    data = bytes(source) if not isinstance(source, bytes) else source
+    if reader is None:
+        data = source if isinstance(source, bytes) else bytes(source or b"")
+        wbase, pos, final, total = 0, start, True, len(data)
+    else:
+        assert total is not None
+        data, wbase, pos, final = _refill(reader, total, b"", start, 0, FIRST_WINDOW)
     end = len(data)
-    pos = start
     stack: list = []
     metastack: list[list] = []
     memo: dict[int, Any] = {}
-    storages: list[StorageRef] = []
+    storages: dict[str, StorageRef] = {}
     names: set[tuple[str, str]] = set()
     proto = 0
     ops = 0
     op_at = pos
-    try:
-        while True:
-            if pos >= end:
-                raise TruncatedPickle("pickle ended without STOP (truncated)")
-            op_at = pos
-            code = data[pos]
-            pos += 1
-            ops += 1
-            if ops > max_ops:
-                raise ScanLimitError(f"too large to scan: more than {max_ops:,} pickle opcodes")
-            # the frequent opcodes of torch pickles first
-            if code == 0x71:  # BINPUT
-                _need(pos + 1, end)
-                memo[data[pos]] = stack[-1]
+    check_at = min(max_ops, _CHECK_EVERY)
+    lean: _Lean | None = None
+    setitem: Any = _setitem
+    while True:  # one pass per window: an opcode cut by the window's end is read again after a refill
+        try:
+            while True:
+                op_at = pos
+                if pos >= end:
+                    raise TruncatedPickle("pickle ended without STOP (truncated)")
+                code = data[pos]
                 pos += 1
-            elif code == 0x68:  # BINGET
-                _need(pos + 1, end)
-                stack.append(memo[data[pos]])
-                pos += 1
-            elif code == 0x58:  # BINUNICODE
-                _need(pos + 4, end)
-                n = _U4(data, pos)[0]
-                stack.append(_text(data, pos + 4, n, end))
-                pos += 4 + n
-            elif code == 0x28:  # MARK
-                metastack.append(stack)
-                stack = []
-            elif code == 0x74:  # TUPLE
-                items = tuple(stack)
-                stack = metastack.pop()
-                stack.append(items)
-            elif code == 0x52:  # REDUCE
-                args = stack.pop()
-                stack[-1] = _reduce(stack[-1], args)
-            elif code == 0x4B:  # BININT1
-                _need(pos + 1, end)
-                stack.append(data[pos])
-                pos += 1
-            elif code == 0x72:  # LONG_BINPUT
-                _need(pos + 4, end)
-                memo[_U4(data, pos)[0]] = stack[-1]
-                pos += 4
-            elif code == 0x6A:  # LONG_BINGET
-                _need(pos + 4, end)
-                stack.append(memo[_U4(data, pos)[0]])
-                pos += 4
-            elif code == 0x7D:  # EMPTY_DICT
-                stack.append({})
-            elif code == 0x75:  # SETITEMS
-                pairs = stack
-                stack = metastack.pop()
-                if len(pairs) % 2:
-                    raise PickleScanError(f"SETITEMS with an odd number of items at byte {op_at}")
-                target = stack[-1]
-                for i in range(0, len(pairs), 2):
-                    _setitem(target, pairs[i], pairs[i + 1])
-            elif code == 0x51:  # BINPERSID
-                stack[-1] = _persistent(stack[-1], storages)
-            elif code == 0x89:  # NEWFALSE
-                stack.append(False)
-            elif code == 0x88:  # NEWTRUE
-                stack.append(True)
-            elif code == 0x85:  # TUPLE1
-                stack[-1] = (stack[-1],)
-            elif code == 0x86:  # TUPLE2
-                if len(stack) < 2:
-                    raise IndexError
-                stack[-2:] = [(stack[-2], stack[-1])]
-            elif code == 0x87:  # TUPLE3
-                if len(stack) < 3:
-                    raise IndexError
-                stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
-            elif code == 0x29:  # EMPTY_TUPLE
-                stack.append(())
-            elif code == 0x4E:  # NONE
-                stack.append(None)
-            elif code == 0x4A:  # BININT
-                _need(pos + 4, end)
-                stack.append(_I4(data, pos)[0])
-                pos += 4
-            elif code == 0x4D:  # BININT2
-                _need(pos + 2, end)
-                stack.append(_U2(data, pos)[0])
-                pos += 2
-            elif code == 0x8C:  # SHORT_BINUNICODE
-                _need(pos + 1, end)
-                n = data[pos]
-                stack.append(_text(data, pos + 1, n, end))
-                pos += 1 + n
-            elif code == 0x94:  # MEMOIZE
-                memo[len(memo)] = stack[-1]
-            elif code == 0x2E:  # STOP
-                if len(stack) != 1 or metastack:
-                    raise PickleScanError("pickle stack not balanced at STOP")
-                root = stack[0]
-                if ops > MAX_NESTING and _nesting_exceeds(root, MAX_NESTING):
-                    raise ScanLimitError(f"too deeply nested to scan: containers nested more than "
-                                         f"{MAX_NESTING:,} deep")
-                return PickleScan(root, tuple(storages), frozenset(names), pos - start, ops)
-            else:
-                pos, stack, proto = _rare(code, data, pos, end, stack, metastack, memo, storages, names, proto)
-    except (PickleScanError, ScanLimitError):
-        raise
-    except (IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError, struct.error) as exc:
-        raise PickleScanError(f"malformed pickle near byte {op_at - start}: {type(exc).__name__}") from None
+                ops += 1
+                if ops > check_at:
+                    if ops > max_ops:
+                        raise ScanLimitError(f"too large to scan: more than {max_ops:,} pickle opcodes")
+                    check_at = min(max_ops, ops + _CHECK_EVERY)
+                    if len(names) > MAX_GLOBALS:
+                        raise ScanLimitError(f"too large to scan: names more than {MAX_GLOBALS:,} different globals")
+                    if lean is None and ops > LEAN_AFTER_OPS:
+                        lean = _Lean()
+                        memo = _LeanMemo(memo, lean)
+                        setitem = lean.setitem
+                # the frequent opcodes of torch pickles first
+                if code == 0x71:  # BINPUT
+                    _need(pos + 1, end)
+                    memo[data[pos]] = stack[-1]
+                    pos += 1
+                elif code == 0x68:  # BINGET
+                    _need(pos + 1, end)
+                    stack.append(memo[data[pos]])
+                    pos += 1
+                elif code == 0x58:  # BINUNICODE
+                    _need(pos + 4, end)
+                    n = _U4(data, pos)[0]
+                    stack.append(_text(data, pos + 4, n, end))
+                    pos += 4 + n
+                elif code == 0x28:  # MARK
+                    metastack.append(stack)
+                    stack = []
+                elif code == 0x74:  # TUPLE
+                    items = tuple(stack)
+                    stack = metastack.pop()
+                    stack.append(items)
+                elif code == 0x52:  # REDUCE
+                    args = stack.pop()
+                    stack[-1] = _reduce(stack[-1], args) if lean is None else _lean_reduce(stack[-1], args)
+                elif code == 0x4B:  # BININT1
+                    _need(pos + 1, end)
+                    stack.append(data[pos])
+                    pos += 1
+                elif code == 0x72:  # LONG_BINPUT
+                    _need(pos + 4, end)
+                    memo[_U4(data, pos)[0]] = stack[-1]
+                    pos += 4
+                elif code == 0x6A:  # LONG_BINGET
+                    _need(pos + 4, end)
+                    stack.append(memo[_U4(data, pos)[0]])
+                    pos += 4
+                elif code == 0x7D:  # EMPTY_DICT
+                    stack.append({} if lean is None else DROPPED)
+                elif code == 0x75:  # SETITEMS
+                    pairs = stack
+                    stack = metastack.pop()
+                    if len(pairs) % 2:
+                        raise PickleScanError(f"SETITEMS with an odd number of items at byte {op_at}")
+                    target = stack[-1]
+                    for i in range(0, len(pairs), 2):
+                        setitem(target, pairs[i], pairs[i + 1])
+                elif code == 0x51:  # BINPERSID
+                    stack[-1] = _persistent(stack[-1], storages)
+                elif code == 0x89:  # NEWFALSE
+                    stack.append(False)
+                elif code == 0x88:  # NEWTRUE
+                    stack.append(True)
+                elif code == 0x85:  # TUPLE1
+                    stack[-1] = (stack[-1],)
+                elif code == 0x86:  # TUPLE2
+                    if len(stack) < 2:
+                        raise IndexError
+                    stack[-2:] = [(stack[-2], stack[-1])]
+                elif code == 0x87:  # TUPLE3
+                    if len(stack) < 3:
+                        raise IndexError
+                    stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
+                elif code == 0x29:  # EMPTY_TUPLE
+                    stack.append(())
+                elif code == 0x4E:  # NONE
+                    stack.append(None)
+                elif code == 0x4A:  # BININT
+                    _need(pos + 4, end)
+                    stack.append(_I4(data, pos)[0])
+                    pos += 4
+                elif code == 0x4D:  # BININT2
+                    _need(pos + 2, end)
+                    stack.append(_U2(data, pos)[0])
+                    pos += 2
+                elif code == 0x8C:  # SHORT_BINUNICODE
+                    _need(pos + 1, end)
+                    n = data[pos]
+                    stack.append(_text(data, pos + 1, n, end))
+                    pos += 1 + n
+                elif code == 0x94:  # MEMOIZE
+                    memo[len(memo)] = stack[-1]
+                elif code == 0x2E:  # STOP
+                    if len(stack) != 1 or metastack:
+                        raise PickleScanError("pickle stack not balanced at STOP")
+                    root = stack[0]
+                    if ops > MAX_NESTING and _nesting_exceeds(root, MAX_NESTING):
+                        raise ScanLimitError(f"too deeply nested to scan: containers nested more than "
+                                             f"{MAX_NESTING:,} deep")
+                    if len(names) > MAX_GLOBALS:
+                        raise ScanLimitError(f"too large to scan: names more than {MAX_GLOBALS:,} different globals")
+                    return PickleScan(root, tuple(storages.values()), frozenset(names), wbase + pos - start, ops)
+                else:
+                    pos, stack, proto = _rare(code, data, pos, end, stack, metastack, memo, storages, names, proto,
+                                              lean, total - wbase)
+        except TruncatedPickle as exc:
+            if final or isinstance(exc, _PastInput):
+                raise
+            ops -= pos != op_at  # the opcode is read again whole
+            data, wbase, pos, final = _refill(reader, total, data, wbase, op_at)
+            end = len(data)
+        except (PickleScanError, ScanLimitError):
+            raise
+        except (IndexError, KeyError, TypeError, ValueError, AttributeError, OverflowError, struct.error) as exc:
+            raise PickleScanError(f"malformed pickle near byte {wbase + op_at - start}: {type(exc).__name__}") from None
+
+
+def _refill(reader: Any, total: int, data: bytes, wbase: int, pos: int,
+            size: int = WINDOW) -> tuple[bytes, int, int, bool]:
+    """The next window: the old one from ``pos`` on (an opcode it cut), then up to ``size`` more
+    bytes; or, when ``pos`` lies past it (a long constant skipped, not read), from there.
+    Returns (data, wbase, pos, final)."""
+    here = wbase + pos
+    keep = data[pos:] if pos < len(data) else b""
+    read_from = here + len(keep)
+    want = max(0, min(size, total - read_from))
+    more = reader(read_from, want) if want else b""
+    final = len(more) < want or read_from + len(more) >= total
+    return keep + more, here, 0, final
 
 
 def _need(upto: int, end: int) -> None:
@@ -282,16 +429,16 @@ def _need(upto: int, end: int) -> None:
 
 
 def _text(data: bytes, pos: int, n: int, end: int) -> Any:
-    _need(pos + n, end)
-    if n > MAX_SMALL_CONSTANT:
+    if n > MAX_SMALL_CONSTANT:  # skipped, not read: the next read past it finds a truncation
         return Blob("str", n)
+    _need(pos + n, end)
     return str(data[pos:pos + n], "utf-8", "surrogatepass")
 
 
 def _raw(data: bytes, pos: int, n: int, end: int) -> Any:
-    _need(pos + n, end)
     if n > MAX_SMALL_CONSTANT:
         return Blob("bytes", n)
+    _need(pos + n, end)
     return data[pos:pos + n]
 
 
@@ -313,9 +460,12 @@ def _global(module: str, name: str, proto: int, names: set) -> Global:
     return Global(module, name)
 
 
-def _rare(code: int, data: bytes, pos: int, end: int, stack: list, metastack: list[list], memo: dict,
-          storages: list, names: set, proto: int) -> tuple[int, list, int]:
-    """Every other opcode: returns (position, stack, protocol)."""
+def _rare(code: int, data: Any, pos: int, end: int, stack: list, metastack: list[list], memo: dict,
+          storages: dict, names: set, proto: int, lean: _Lean | None = None,
+          input_end: int | None = None) -> tuple[int, list, int]:
+    """Every other opcode: returns (position, stack, protocol). ``input_end``: where the whole
+    input ends, relative to ``data`` (past the window when reading a file window by window)."""
+    input_end = end if input_end is None else input_end
     push = stack.append
     if code == 0x80:  # PROTO
         _need(pos + 1, end)
@@ -323,9 +473,10 @@ def _rare(code: int, data: bytes, pos: int, end: int, stack: list, metastack: li
         if proto > 5:
             raise PickleScanError(f"unsupported pickle protocol {proto}")
         return pos + 1, stack, proto
-    if code == 0x95:  # FRAME: the frame's bytes follow inline
+    if code == 0x95:  # FRAME: the frame's bytes follow inline; the unpickler reads it whole
         _need(pos + 8, end)
-        _need(pos + 8 + _U8(data, pos)[0], end)
+        if pos + 8 + _U8(data, pos)[0] > input_end:
+            raise _PastInput("a pickle frame runs past the end of the input (truncated)")
         return pos + 8, stack, proto
     if code == 0x63 or code == 0x69:  # GLOBAL, INST: "module\nname\n"
         module, pos = _line(data, pos, end)
@@ -340,6 +491,8 @@ def _rare(code: int, data: bytes, pos: int, end: int, stack: list, metastack: li
     if code == 0x93:  # STACK_GLOBAL
         name = stack.pop()
         module = stack.pop()
+        if module is DROPPED or name is DROPPED:  # lean mode let the string go: the name is unknown
+            raise ScanLimitError("too large to scan: a global is named by a string the bounded scan no longer holds")
         if type(module) is not str or type(name) is not str:
             raise PickleScanError("STACK_GLOBAL needs two strings")
         push(_global(module, name, proto, names))
@@ -351,11 +504,11 @@ def _rare(code: int, data: bytes, pos: int, end: int, stack: list, metastack: li
         names.add(("<copyreg extension>", str(ext)))
         push(Global("<copyreg extension>", str(ext)))
         return pos + width, stack, proto
-    if code == 0x5D or code == 0x8F:  # EMPTY_LIST
-        push([])
+    if code == 0x5D or code == 0x8F:  # EMPTY_LIST, EMPTY_SET
+        push([] if lean is None else DROPPED)
     elif code == 0x6C:  # LIST
         stack, items = _mark_items(stack, metastack)
-        stack.append(list(items))
+        stack.append(list(items) if lean is None else DROPPED)
     elif code == 0x91:  # FROZENSET
         stack, items = _mark_items(stack, metastack)
         stack.append(tuple(items))
@@ -364,19 +517,19 @@ def _rare(code: int, data: bytes, pos: int, end: int, stack: list, metastack: li
         if len(items) % 2:
             raise PickleScanError("DICT with an odd number of items")
         out: dict = {}
-        for i in range(0, len(items), 2):
+        for i in range(0, len(items), 2 if lean is None else len(items) + 2):
             _setitem(out, items[i], items[i + 1])
-        stack.append(out)
+        stack.append(out if lean is None else DROPPED)
     elif code == 0x73:  # SETITEM
         value = stack.pop()
         key = stack.pop()
-        _setitem(stack[-1], key, value)
+        (lean.setitem if lean else _setitem)(stack[-1], key, value)
     elif code == 0x61:  # APPEND
         value = stack.pop()
-        _append(stack[-1], [value])
+        (lean.append if lean else _append)(stack[-1], [value])
     elif code == 0x65 or code == 0x90:  # APPENDS, ADDITEMS
         stack, items = _mark_items(stack, metastack)
-        _append(stack[-1], items)
+        (lean.append if lean else _append)(stack[-1], items)
     elif code == 0x30:  # POP
         if stack:
             stack.pop()
@@ -394,12 +547,12 @@ def _rare(code: int, data: bytes, pos: int, end: int, stack: list, metastack: li
     elif code == 0x81:  # NEWOBJ
         args = stack.pop()
         cls = stack.pop()
-        push(Call(cls, args))
+        push(Call(cls, args) if lean is None else DROPPED)
     elif code == 0x92:  # NEWOBJ_EX
         kwargs = stack.pop()
         args = stack.pop()
         cls = stack.pop()
-        push(Call(cls, (args, kwargs)))
+        push(Call(cls, (args, kwargs)) if lean is None else DROPPED)
     elif code == 0x6F:  # OBJ
         stack, items = _mark_items(stack, metastack)
         if not items:
@@ -435,7 +588,8 @@ def _rare(code: int, data: bytes, pos: int, end: int, stack: list, metastack: li
         if n < 0:
             raise PickleScanError("negative LONG4 length")
         pos += width
-        _need(pos + n, end)
+        if n <= MAX_SMALL_CONSTANT:
+            _need(pos + n, end)
         push(int.from_bytes(data[pos:pos + n], "little", signed=True) if n <= MAX_SMALL_CONSTANT else Blob("int", n))
         pos += n
     elif code == 0x53:  # STRING: a quoted, escaped line
@@ -507,14 +661,17 @@ def _append(target: Any, values: list) -> None:
         raise TypeError("APPEND on a non-list")
 
 
-def _persistent(pid: Any, storages: list[StorageRef]) -> PersistentRef:
+def _persistent(pid: Any, storages: dict[str, StorageRef]) -> PersistentRef:
+    """One record per storage key (a storage shared by many tensors is named many times)."""
     if isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage":
         storage_type, key, location, numel = pid[1], pid[2], pid[3], pid[4]
         type_name = storage_type.name if isinstance(storage_type, Global) else (
             storage_type if isinstance(storage_type, str) else "")
-        if type(numel) is int and isinstance(key, (str, int)) and type(key) is not bool:
-            storages.append(StorageRef(type_name, str(key), location if isinstance(location, str) else "",
-                                       numel, STORAGE_ITEMSIZE.get(type_name)))
+        if type(numel) is int and isinstance(key, (str, int)) and type(key) is not bool and str(key) not in storages:
+            if len(storages) >= MAX_STORAGES:
+                raise ScanLimitError(f"too large to scan: more than {MAX_STORAGES:,} tensor storages")
+            storages[str(key)] = StorageRef(type_name, str(key), location if isinstance(location, str) else "",
+                                            numel, STORAGE_ITEMSIZE.get(type_name))
     return PersistentRef(pid)
 
 

@@ -21,7 +21,9 @@ import struct
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from .limits import MAX_PICKLE_BYTES, ScanLimitError
 
@@ -348,8 +350,15 @@ def read_entry(fd: int, base: int, entry: ZipEntry, limit: int = MAX_PICKLE_BYTE
         if len(data) != entry.comp_size:
             raise ZipCheckError(3, f"entry {entry.name!r} is cut short")
         return data
+    return b"".join(inflated_chunks(fd, base, entry, limit))
+
+
+def inflated_chunks(fd: int, base: int, entry: ZipEntry, limit: int = MAX_PICKLE_BYTES) -> Iterator[bytes]:
+    """A deflated entry's bytes, at most 1 MiB at a time, never past ``limit`` (ScanLimitError),
+    and exactly its size field's worth (ZipCheckError(3) otherwise, after the last chunk)."""
+    if entry.size > limit:
+        raise ScanLimitError(f"too large to scan: {entry.name!r} is {entry.size:,} bytes (limit {limit:,})")
     inflater = zlib.decompressobj(-15)
-    parts: list[bytes] = []
     got = 0
     offset, remaining = base + entry.data_offset, entry.comp_size
     try:
@@ -362,12 +371,13 @@ def read_entry(fd: int, base: int, entry: ZipEntry, limit: int = MAX_PICKLE_BYTE
                     raise ZipCheckError(3, f"entry {entry.name!r} is cut short")
                 offset += len(chunk)
                 remaining -= len(chunk)
-            out = inflater.decompress(chunk, limit + 1 - got)
+            out = inflater.decompress(chunk, min(1 << 20, limit + 1 - got))
             got += len(out)
-            parts.append(out)
             if got > limit:
                 raise ScanLimitError(f"too large to scan: {entry.name!r} inflates past {limit:,} bytes "
                                      f"(its size field says {entry.size:,})")
+            if out:
+                yield out
             if inflater.eof:
                 break
     except zlib.error as exc:
@@ -376,7 +386,33 @@ def read_entry(fd: int, base: int, entry: ZipEntry, limit: int = MAX_PICKLE_BYTE
         raise ZipCheckError(3, f"entry {entry.name!r}: compressed data ends early")
     if got != entry.size:
         raise ZipCheckError(3, f"entry {entry.name!r} inflates to {got:,} bytes, its size field says {entry.size:,}")
-    return b"".join(parts)
+
+
+class _InflatingReader:
+    """``reader(offset, length)`` over a deflated entry for a windowed scan: offsets only grow
+    (a skipped stretch is inflated and dropped), so memory stays one window."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.pending, self.at = chunks, b"", 0
+
+    def __call__(self, offset: int, length: int) -> bytes:
+        if offset < self.at:
+            raise ValueError("a windowed scan read backwards")
+        out: list[bytes] = []
+        need = length
+        while need > 0 or offset > self.at:
+            if not self.pending:
+                self.pending = next(self.chunks, b"")
+                if not self.pending:
+                    break
+            if offset > self.at:  # skip
+                drop = min(offset - self.at, len(self.pending))
+                self.pending, self.at = self.pending[drop:], self.at + drop
+                continue
+            take = self.pending[:need]
+            self.pending, self.at, need = self.pending[len(take):], self.at + len(take), need - len(take)
+            out.append(take)
+        return b"".join(out)
 
 
 @dataclass(frozen=True)
@@ -404,6 +440,33 @@ def crc_check(fd: int, base: int, index: ZipIndex) -> CrcResult:
     return CrcResult(True, True, f"CRC32 of all {len(index.entries)} entries match", checked)
 
 
+def entry_crc(fd: int, base: int, entry: ZipEntry) -> int:
+    """CRC32 of one entry's uncompressed bytes, read (and inflated) 1 MiB at a time."""
+    if entry.method == 8:
+        crc = 0
+        for chunk in inflated_chunks(fd, base, entry):
+            crc = zlib.crc32(chunk, crc)
+        return crc
+    return _entry_crc(fd, base, entry, memoryview(bytearray(1 << 20)))
+
+
+def entry_reader(fd: int, base: int, entry: ZipEntry,
+                 limit: int = MAX_PICKLE_BYTES) -> tuple[Any, int]:
+    """What a pickle scan reads an entry through: ``(reader, total)``, windows preaded from a
+    stored entry (torch never compresses) or inflated in order from a deflated one, so the entry
+    never sits in memory whole."""
+    if entry.method != 0:
+        return _InflatingReader(inflated_chunks(fd, base, entry, limit)), entry.size
+    if entry.size > limit:
+        raise ScanLimitError(f"too large to scan: {entry.name!r} is {entry.size:,} bytes (limit {limit:,})")
+    start = base + entry.data_offset
+
+    def reader(offset: int, length: int) -> bytes:
+        return pread_exact(fd, length, start + offset)
+
+    return reader, entry.size
+
+
 def _entry_crc(fd: int, base: int, entry: ZipEntry, view: memoryview) -> int:
     if entry.method == 8:
         return _inflated_crc(fd, base, entry)
@@ -427,7 +490,7 @@ def _inflated_crc(fd: int, base: int, entry: ZipEntry) -> int:
     if entry.size > MAX_PICKLE_BYTES:
         raise ScanLimitError(f"too large to scan: compressed entry {entry.name!r} of {entry.size:,} bytes "
                              "(torch never compresses)")
-    return zlib.crc32(read_entry(fd, base, entry))
+    return entry_crc(fd, base, entry)
 
 
 # L4 results are cached per file identity so the same checkpoint is CRC-read at most once.
