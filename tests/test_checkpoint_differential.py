@@ -304,6 +304,13 @@ def test_a_committed_directory_of_data_files_is_still_whole(tmp_path: Path) -> N
         (staging / "shard-0.dat").write_bytes(b"o" * 1000)
         (staging / "index.json").write_text(json.dumps({"step": 5}))
         (staging / "notes.txt").write_text("cos\nsystem\n")  # starts like a pickle, is not one
+        with zipfile.ZipFile(staging / "logs.zip", "w") as archive:  # a zip, but no torch file
+            archive.writestr("log.txt", "hello")
+        np_header = b"\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, 'shape': (2,), }"
+        (staging / "emb.npy").write_bytes(np_header.ljust(128, b" ") + b"\0" * 8)
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({"w": torch.ones(4), "extra": {"lr": 0.1}}, checkpoint_id=str(staging / "model"))
     report = validate(final)
     assert report.verdict is Verdict.VALID, report.reason
 

@@ -590,6 +590,7 @@ def _walk(path: str, max_depth: int) -> tuple[list[str], list[str]]:
 
 
 _PROBE_BYTES = 64 << 10
+_OWN_CHECK_DIRS = (F.DCP, F.DEEPSPEED, F.LIGHTNING_DEEPSPEED)
 
 
 def loose_pickle_problem(path: str, fmt: str, *, deep: bool = False) -> Outcome | None:
@@ -620,7 +621,8 @@ def _loose_file(path: str, rel: str, *, deep: bool) -> Outcome | None:
             kind = F.sniff_bytes(head[: F.HEAD_BYTES], os.path.basename(path))
             if kind in (F.TORCH_ZIP, F.TORCH_LEGACY, F.PICKLE):
                 verdict = _member(path, rel, deep=deep)
-                return None if verdict.verdict is Verdict.VALID else verdict
+                # a zip with no data.pkl is no torch file (logs.zip): nothing a loader unpickles
+                return None if verdict.verdict is Verdict.VALID or verdict.format == F.ZIP else verdict
             first = _first_pickle(fd, st.st_size, head)
     except OSError as exc:
         return unverifiable(F.UNKNOWN, 0, f"{rel}: cannot read: {describe_oserror(exc)}", load_safe=False)
@@ -653,7 +655,8 @@ def _first_pickle(fd: int, size: int, head: bytes) -> PickleScan | Outcome | Non
 
 
 def _all_files(path: str, max_depth: int) -> list[str]:
-    """Relative paths of the regular files under ``path`` (symlinks never followed)."""
+    """Relative paths of the regular files under ``path`` (symlinks never followed), not inside
+    nested DCP or DeepSpeed directories (their own checks read those, item by item)."""
     files: list[str] = []
     todo = [("", 0)]
     while todo and len(files) < _MAX_WALK_FILES:
@@ -667,7 +670,7 @@ def _all_files(path: str, max_depth: int) -> list[str]:
             if entry.is_symlink():
                 continue
             if entry.is_dir(follow_symlinks=False):
-                if level + 1 < max_depth:
+                if level + 1 < max_depth and F.detect_dir(entry.path) not in _OWN_CHECK_DIRS:
                     todo.append((child, level + 1))
             elif entry.is_file(follow_symlinks=False):
                 files.append(child)
