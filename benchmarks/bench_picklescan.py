@@ -1,6 +1,6 @@
 """Pickle scan cost: time and peak memory of validating a plain pickle of 1 MB .. 1 GB.
 
-    python benchmarks/bench_picklescan.py [--sizes 1MB,13MB,60MB,100MB,1GB] [--dir /tmp] [--code DIR]
+    python benchmarks/bench_picklescan.py [--sizes 1MB,13MB,60MB,100MB,1GB,tiny:13MB] [--dir /tmp] [--code DIR]
 
 The worst case for the scanner: a pickle of many small objects (a list of small dicts, protocol 2
 as torch.save writes data.pkl), written piecewise so that generating 1 GB does not need 1 GB of
@@ -78,6 +78,21 @@ def write_pickle(path: Path, size: int) -> int:
     return items
 
 
+def write_tiny(path: Path, size: int) -> int:
+    """The densest objects a pickle can ask for: one empty list per byte, all in one list
+    (``MARK``, ``EMPTY_LIST`` x n, ``LIST``)."""
+    count = max(0, size - 5)
+    with open(path, "wb") as out:
+        out.write(b"\x80\x02(")
+        chunk = b"]" * (1 << 20)
+        left = count
+        while left:
+            out.write(chunk[: min(left, len(chunk))])
+            left -= min(left, len(chunk))
+        out.write(b"l.")
+    return count
+
+
 def run(code: str, path: Path) -> dict:
     done = subprocess.run([sys.executable, "-c", CHILD, code, str(path)], capture_output=True, text=True,
                           timeout=3600, check=True)
@@ -86,17 +101,19 @@ def run(code: str, path: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1MB,13MB,60MB,100MB,1GB")
+    parser.add_argument("--sizes", default="1MB,13MB,60MB,100MB,1GB,tiny:13MB",
+                        help="sizes; tiny:SIZE = one empty list per byte (the densest objects)")
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--code", default=str(Path(__file__).resolve().parent.parent))
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for label in args.sizes.split(","):
-            (Path(tmp) / label).mkdir()
-            path = Path(tmp) / label / "last.pkl"
+            (Path(tmp) / label.replace(":", "-")).mkdir()
+            path = Path(tmp) / label.replace(":", "-") / "last.pkl"
             started = time.perf_counter()
-            items = write_pickle(path, parse_size(label))
+            tiny = label.startswith("tiny:")
+            items = (write_tiny if tiny else write_pickle)(path, parse_size(label.removeprefix("tiny:")))
             made = time.perf_counter() - started
             result = run(args.code, path)
             rows.append((label, path.stat().st_size, items, made, result))

@@ -19,6 +19,7 @@ Hypothesis runs derandomized with a fixed number of examples, so a failure repro
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -475,3 +476,46 @@ def test_fuzzed_dcp_metadata_valid_means_dcp_reads_it(ops: list) -> None:
         report = validate(tmp)
         if report.verdict is Verdict.VALID:
             FileSystemReader(tmp).read_metadata()  # raises if DCP cannot read what was rated whole
+
+
+# ---------------------------------------------------------------------------- the bounded scan
+
+
+def _windowed(data: bytes, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The scan of ``data`` read through tiny windows (every opcode cut by a window's end)."""
+    from supervisor.checkpoints import picklescan
+
+    monkeypatch.setattr(picklescan, "FIRST_WINDOW", 3)
+    monkeypatch.setattr(picklescan, "WINDOW", 29)
+    return picklescan.scan_pickle(None, reader=lambda offset, length: data[offset:offset + length], total=len(data))
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_a_pickle_read_window_by_window_scans_as_it_does_whole(monkeypatch: pytest.MonkeyPatch, protocol: int) -> None:
+    from supervisor.checkpoints.picklescan import find_step, scan_pickle
+
+    obj = {"global_step": 5, "x": ["a" * 1000, b"b" * 70_000, list(range(300)), {"k": (1, 2.5)}],
+           "cls": collections.Counter("ab")}
+    data = pickle.dumps(obj, protocol=protocol)
+    whole, windowed = scan_pickle(data), _windowed(data, monkeypatch)
+    assert (whole.end, whole.ops, whole.globals) == (windowed.end, windowed.ops, windowed.globals)
+    assert find_step(windowed.root) == 5 and ("collections", "Counter") in windowed.globals
+
+
+def test_a_huge_pickle_keeps_its_step_and_every_global_past_the_lean_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    from supervisor.checkpoints import picklescan
+
+    monkeypatch.setattr(picklescan, "LEAN_AFTER_OPS", 1_000)  # go lean early: the same rules, a small file
+    def text(value: str) -> bytes:
+        return b"X" + struct.pack("<I", len(value)) + value.encode()
+
+    items = pickle.dumps([{"a": i, "b": f"x{i}"} for i in range(20_000)], protocol=2)[2:-1]
+    hostile = cf.pickle_global_call("posix", "system", "true")[2:-1]
+    # {"state_dict": [...], "evil": system("true"), "global_step": 1234}: the last two after the cut
+    data = (b"\x80\x02}(" + text("state_dict") + items + text("evil") + hostile
+            + text("global_step") + b"M\xd2\x04" + b"u.")
+    assert pickle.loads(data.replace(b"posix\nsystem", b"builtins\nlen")) is not None
+    scan = picklescan.scan_pickle(data)
+    assert "state_dict" not in scan.root  # set after the cut and not a scalar: let go
+    assert picklescan.find_step(scan.root) == 1234
+    assert ("posix", "system") in scan.globals

@@ -26,6 +26,7 @@ MAX_STORAGES = 200_000  # different tensor storages one pickle may name (a 60,00
 # them at most; the input itself is read through a mapping whose pages are dropped behind it.
 LEAN_AFTER_OPS = 400_000
 LEAN_KEEP = 100_000
+LEAN_STACK = 1_000_000  # items on the stack at once in lean mode (picklers batch by 1,000 per MARK)
 
 
 class ScanLimitError(Exception):

@@ -28,6 +28,7 @@ from .allowlist import resolve
 from .limits import (
     LEAN_AFTER_OPS,
     LEAN_KEEP,
+    LEAN_STACK,
     MAX_GLOBALS,
     MAX_NESTING,
     MAX_PICKLE_OPS,
@@ -299,6 +300,11 @@ def scan_pickle(source: bytes | bytearray | memoryview | None, start: int = 0, *
                     check_at = min(max_ops, ops + _CHECK_EVERY)
                     if len(names) > MAX_GLOBALS:
                         raise ScanLimitError(f"too large to scan: names more than {MAX_GLOBALS:,} different globals")
+                    if len(metastack) > MAX_NESTING:  # a pickler cannot write MARKs this deep
+                        raise ScanLimitError(f"too deeply nested to scan: more than {MAX_NESTING:,} open MARKs")
+                    if lean is not None and len(stack) > LEAN_STACK:  # pickler output batches by 1,000
+                        raise ScanLimitError(f"too large to scan: more than {LEAN_STACK:,} items on the "
+                                             "pickle stack at once")
                     if lean is None and ops > LEAN_AFTER_OPS:
                         lean = _Lean()
                         memo = _LeanMemo(memo, lean)
@@ -410,14 +416,14 @@ def scan_pickle(source: bytes | bytearray | memoryview | None, start: int = 0, *
 
 
 def _refill(reader: Any, total: int, data: bytes, wbase: int, pos: int,
-            size: int = WINDOW) -> tuple[bytes, int, int, bool]:
+            size: int | None = None) -> tuple[bytes, int, int, bool]:
     """The next window: the old one from ``pos`` on (an opcode it cut), then up to ``size`` more
     bytes; or, when ``pos`` lies past it (a long constant skipped, not read), from there.
     Returns (data, wbase, pos, final)."""
     here = wbase + pos
     keep = data[pos:] if pos < len(data) else b""
     read_from = here + len(keep)
-    want = max(0, min(size, total - read_from))
+    want = max(0, min(WINDOW if size is None else size, total - read_from))
     more = reader(read_from, want) if want else b""
     final = len(more) < want or read_from + len(more) >= total
     return keep + more, here, 0, final
