@@ -204,16 +204,18 @@ def _legacy_that_is_a_tar(marker: str) -> bytes:
     return buffer.getvalue()
 
 
-def test_a_file_that_is_also_a_tar_archive_is_refused_as_ambiguous(tmp_path: Path) -> None:
+def test_a_tar_archive_with_a_hostile_pickle_member_is_never_resumed_from(tmp_path: Path) -> None:
+    """torch's pre-1.0 tar format: torch.load unpickles its members; the validator does not scan
+    them, so the file is never a resume point (not quarantined: nothing proved it damaged)."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     marker = tmp_path / "ran"
     bad = Path(_write(str(ckpt), "step=9.pt", _legacy_that_is_a_tar(str(marker))))
     assert tarfile.is_tarfile(bad)
     report = validate(bad)
-    assert report.verdict is Verdict.CORRUPT and "tar archive" in report.reason, report.reason
+    assert report.verdict is Verdict.UNVERIFIABLE and "tar archive" in report.reason, report.reason
     assert not report.load_safe
-    _never_resumed_from(ckpt, bad, quarantined=True)
+    _never_resumed_from(ckpt, bad, quarantined=False)
     assert not marker.exists()
 
 
@@ -248,6 +250,11 @@ def test_a_legacy_file_that_is_also_a_tar_header_is_refused(tmp_path: Path) -> N
         assert handle.read() == b""
     report = validate(path)
     assert report.verdict is Verdict.CORRUPT and "tar archive" in report.reason, report.reason
+    assert not report.load_safe
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    bad = Path(_write(str(ckpt), "step=9.pt", data))
+    _never_resumed_from(ckpt, bad, quarantined=True)
 
 
 def _safetensors(header: Any, buffer: bytes) -> bytes:

@@ -80,8 +80,12 @@ def check_file(path: str, *, deep: bool = False, max_level: int = 3,
                                    cache_key=crc_cache_key(path, st) if deep else None)
         if fmt != F.TORCH_ZIP and not name.endswith(".safetensors") and (tar := tar_header_reason(fd, size)):
             # torch.load reads any file that does not start with a zip header as a tar archive
-            # first, and only then as pickles: a file both can read is judged twice, never once.
-            return corrupt(fmt if fmt in F.FILE_FORMATS else F.UNKNOWN, 1, tar, load_safe=False)
+            # first, and only then as pickles: a file both can read (a legacy or pickle header
+            # too) is forged; a plain tar is torch's pre-1.0 format, whose members are not scanned.
+            if fmt in (F.TORCH_LEGACY, F.PICKLE):
+                return corrupt(fmt, 1, tar, load_safe=False)
+            return unverifiable(F.UNKNOWN, 1, "a tar archive (torch's pre-1.0 format): torch.load would unpickle "
+                                              "its members, which are not scanned", load_safe=False)
         if fmt == F.TORCH_LEGACY:
             return check_torch_legacy(fd, size, max_level=max_level, allowed=allowed)
         if fmt == F.SAFETENSORS:
@@ -116,7 +120,7 @@ def tar_header_reason(fd: int, size: int) -> str | None:
     except Exception:  # noqa: BLE001 -- tarfile raises it on to torch.load: not pickles either
         pass
     return ("ambiguous: also a valid tar archive, which torch.load reads (tar first) instead of the "
-            "pickles this validator would check; torch.save never writes this")
+            "pickles at its start; no writer produces this")
 
 
 def torch_tail_ok(fd: int, size: int) -> bool:
