@@ -205,7 +205,7 @@ def _legacy_that_is_a_tar(marker: str) -> bytes:
 
 
 def test_a_tar_archive_with_a_hostile_pickle_member_is_never_resumed_from(tmp_path: Path) -> None:
-    """torch's pre-1.0 tar format: torch.load unpickles its members; the validator does not scan
+    """torch's oldest (tar) format: torch.load unpickles its members; the validator does not scan
     them, so the file is never a resume point (not quarantined: nothing proved it damaged)."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -81,11 +81,11 @@ def check_file(path: str, *, deep: bool = False, max_level: int = 3,
         if fmt != F.TORCH_ZIP and not name.endswith(".safetensors") and (tar := tar_header_reason(fd, size)):
             # torch.load reads any file that does not start with a zip header as a tar archive
             # first, and only then as pickles: a file both can read (a legacy or pickle header
-            # too) is forged; a plain tar is torch's pre-1.0 format, whose members are not scanned.
+            # too) is forged; a plain tar is torch's oldest format, whose members are not scanned.
             if fmt in (F.TORCH_LEGACY, F.PICKLE):
                 return corrupt(fmt, 1, tar, load_safe=False)
-            return unverifiable(F.UNKNOWN, 1, "a tar archive (torch's pre-1.0 format): torch.load would unpickle "
-                                              "its members, which are not scanned", load_safe=False)
+            return unverifiable(F.UNKNOWN, 1, "a tar archive (torch's oldest checkpoint format): torch.load "
+                                              "would unpickle its members, which are not scanned", load_safe=False)
         if fmt == F.TORCH_LEGACY:
             return check_torch_legacy(fd, size, max_level=max_level, allowed=allowed)
         if fmt == F.SAFETENSORS:
@@ -107,7 +107,7 @@ def check_file(path: str, *, deep: bool = False, max_level: int = 3,
 
 def tar_header_reason(fd: int, size: int) -> str | None:
     """A reason when the file's first 512 bytes are a valid tar header: ``torch.load`` would then
-    take it for the pre-1.6 tar format and unpickle its ``storages``/``tensors``/``pickle``
+    take it for torch's oldest (tar) checkpoint format and unpickle its ``storages``/``tensors``/``pickle``
     members instead of the pickles the bytes hold at offset 0. All zeros is no header (the
     zero-filled checks report that)."""
     block = pread_exact(fd, tarfile.BLOCKSIZE, 0)
