@@ -33,6 +33,7 @@ from .picklescan import (
     find_step,
     find_value,
     is_tensor,
+    iter_calls,
     plain_int,
     scan_pickle,
     unknown_layout,
@@ -175,6 +176,7 @@ def check_torch_zip(
             return corrupt(fmt, 2, problem, load_safe=False)
         _check_alignment(fd, base, index)
         _check_byteorder(fd, base, index)
+        _check_serialization_id(fd, base, index)
         if max_level < 3:
             return valid(fmt, 2, f"zip index intact ({len(index.entries)} entries)")
         scan = _scan_data_pkl(fd, base, index, pkl)
@@ -189,6 +191,10 @@ def check_torch_zip(
             return corrupt(fmt, 3, f"data.pkl: tensor layout {layout} does not exist: torch cannot load it (damaged)")
         facts = top_level_facts(scan.root)
         step, epoch = find_step(scan.root), find_epoch(scan.root)
+        if located := _location_problem(scan):
+            return (corrupt if located[0] else unverifiable)(fmt, 3, located[1], embedded_step=step)
+        if view := _view_problem(scan):
+            return corrupt(fmt, 3, f"data.pkl: {view}: torch.load fails", embedded_step=step)
         if step is None:  # 'step': torch.tensor(1200) -- read the 8 bytes, still without unpickling
             tensor = find_value(scan.root, STEP_KEYS, is_tensor, depth=0)
             step = plain_int(read_tensor_int(fd, base, index, tensor)) if tensor is not None else None
@@ -242,6 +248,41 @@ def _check_byteorder(fd: int, base: int, index: ZipIndex) -> None:
         raise ZipCheckError(2, "byteorder record is neither 'little' nor 'big': torch refuses the file")
 
 
+def _check_serialization_id(fd: int, base: int, index: ZipIndex) -> None:
+    """torch.load decodes ``.data/serialization_id`` as UTF-8 after unpickling (and fails)."""
+    entry = index.get(".data/serialization_id")
+    if entry is None:
+        return
+    if entry.size > 256:
+        raise ZipCheckError(2, f".data/serialization_id record of {entry.size:,} bytes (torch writes 40)")
+    try:
+        read_entry(fd, base, entry).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ZipCheckError(2, ".data/serialization_id is not UTF-8: torch.load fails on it") from None
+
+
+def _view_problem(scan: PickleScan) -> str | None:
+    """A tensor whose view (offset, sizes, strides) reaches past its storage: torch.load fails."""
+    numels = {ref.key: ref.numel for ref in scan.storages if ref.type_name != "UntypedStorage"}
+    for name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
+        for call in iter_calls(scan.root, name):
+            args = call.args if isinstance(call.args, tuple) else ()
+            if len(args) < 4 or not isinstance(args[0], PersistentRef) or not isinstance(args[0].pid, tuple):
+                continue
+            pid, offset, sizes, strides = args[0].pid, args[1], args[2], args[3]
+            numel = numels.get(str(pid[2])) if len(pid) > 2 and isinstance(pid[2], (str, int)) else None
+            if (numel is None or type(offset) is not int or not isinstance(sizes, tuple)
+                    or not isinstance(strides, tuple) or len(sizes) != len(strides)
+                    or not all(type(v) is int for v in (*sizes, *strides))):
+                continue
+            if 0 in sizes:
+                continue
+            last = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True))
+            if offset < 0 or last >= numel:
+                return f"a tensor view reaches element {last} of storage {str(pid[2])[:40]}, which holds {numel}"
+    return None
+
+
 def _scan_data_pkl(fd: int, base: int, index: ZipIndex, pkl: Any) -> PickleScan | Outcome:
     """The one pickle torch.load unpickles: CRC, scan read window by window, nothing after its
     STOP."""
@@ -274,6 +315,25 @@ def _storage_problem(index: ZipIndex, scan: PickleScan) -> str | None:
         need = ref.nbytes
         if need is not None and entry.size < need:
             return f"data/{ref.key} holds {entry.size} bytes, its tensor needs {need}"
+    return None
+
+
+# Device tags torch.load restores a storage to without a map_location ("cpu", "cuda:1", ...): torch's
+# own and the common out-of-tree backends. Any other tag of the same shape may be a backend we do
+# not know; one of another shape is damage.
+_KNOWN_DEVICES = frozenset({"cpu", "meta", "cuda", "mps", "xpu", "hpu", "mtia", "xla", "npu", "privateuseone"})
+_DEVICE_TAG = re.compile(r"([a-z][a-z0-9_]{0,31})(:[0-9]{1,6})?", re.ASCII)
+
+
+def _location_problem(scan: PickleScan) -> tuple[bool, str] | None:
+    """(damaged, reason) for the first storage whose device tag torch.load cannot restore."""
+    for ref in scan.storages:
+        match = _DEVICE_TAG.fullmatch(ref.location)
+        if match is None:
+            return True, f"tensor storage {ref.key[:40]} is tagged with device {ref.location[:40]!r}: damaged"
+        if match.group(1) not in _KNOWN_DEVICES:
+            return False, (f"tensor storage {ref.key[:40]} is tagged with device {ref.location[:40]!r}, "
+                           "which torch does not know (a custom backend, or damage)")
     return None
 
 
@@ -323,11 +383,17 @@ def check_torch_legacy(fd: int, size: int, *, max_level: int = 3,
     facts = top_level_facts(obj)
     if max_level < 3:
         return valid(fmt, 2, "legacy pickles intact", embedded_step=step, epoch=epoch, facts=facts)
+    if located := _location_problem(scans[3]):
+        return (corrupt if located[0] else unverifiable)(fmt, 3, located[1], embedded_step=step)
+    if view := _view_problem(scans[3]):
+        return corrupt(fmt, 3, f"{view}: torch.load fails", embedded_step=step)
     info = as_mapping(sys_info) or {}
     order: Literal["little", "big"] = "little" if info.get("little_endian", True) else "big"
     itemsize: dict[str, int | None] = {}
+    numels: dict[str, int] = {}
     for ref in scans[3].storages:
         itemsize.setdefault(ref.key, ref.itemsize)
+        numels.setdefault(ref.key, ref.numel)
     pos = sum(s.end for s in scans)
     for key in keys:
         key_itemsize = itemsize.get(key)
@@ -337,6 +403,8 @@ def check_torch_legacy(fd: int, size: int, *, max_level: int = 3,
         if len(raw) < 8:
             return corrupt(fmt, 3, f"truncated: storage {key[:40]} starts past the end of the file")
         numel = int.from_bytes(raw, order, signed=True)
+        if numel != numels.get(key, numel):  # torch.load compares the two and refuses the file
+            return corrupt(fmt, 3, f"storage {key[:40]} holds {numel} elements, the pickle says {numels[key]}")
         pos += 8 + numel * key_itemsize
         if numel < 0 or pos > size:
             return corrupt(fmt, 3, f"truncated: storage {key[:40]} needs {pos - size} more bytes")

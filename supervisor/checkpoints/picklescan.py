@@ -681,10 +681,17 @@ def _persistent(pid: Any, storages: dict[str, StorageRef]) -> PersistentRef:
     return PersistentRef(pid)
 
 
+_NOT_CALLABLE = (int, float, bool, type(None), str, bytes, tuple, list, dict, Blob, PersistentRef)
+
+
 def _reduce(func: Any, args: Any) -> Any:
     """Record a call; a few well-known shapes are kept as plain values so their contents stay
     readable (OrderedDict is a dict, a Parameter is its tensor, a numpy int scalar is an int,
-    DeepSpeed's ZeroStageEnum(2) is 2)."""
+    DeepSpeed's ZeroStageEnum(2) is 2). Calling what cannot be called (a number, a string, a
+    container, a tensor) fails the real load: malformed."""
+    if isinstance(func, _NOT_CALLABLE) or is_tensor(func):
+        what = "tensor" if is_tensor(func) else type(func).__name__
+        raise PickleScanError(f"a call of a {what}, which cannot be called (damaged memo or stack)")
     if isinstance(func, Global):
         if func == _OD and not args:
             return {}

@@ -125,20 +125,30 @@ def read_trailer(fd: int, base: int, length: int, *, check_head: bool = True) ->
         if z64_offset != end or cd_offset + cd_size != end:
             raise ZipCheckError(1, "central directory bounds do not match the ZIP64 trailer")
         _same_counts(tail[76:], entries, cd_size, cd_offset)
+        _one_disk_zip64(tail[:56], tail[56:76])
         return Trailer(cd_offset, cd_size, entries, torch_layout=True)
     return _generic_trailer(fd, base, length, tail)
 
 
 def _same_counts(eocd: bytes, entries: int, cd_size: int, cd_offset: int) -> None:
     """miniz (torch's reader) takes each count from the classic end record unless it holds the
-    ZIP64 sentinel; other readers take the ZIP64 record. Both must agree."""
+    ZIP64 sentinel; other readers take the ZIP64 record. Both must agree, and say one disk."""
     disk, cd_disk, here, total, size32, offset32 = struct.unpack_from("<HHHHII", eocd, 4)
     for classic, sentinel, real in ((here, 0xFFFF, entries), (total, 0xFFFF, entries),
                                     (size32, 0xFFFFFFFF, cd_size), (offset32, 0xFFFFFFFF, cd_offset)):
         if classic != sentinel and classic != real:
             raise ZipCheckError(1, "the end-of-central-directory record and the ZIP64 record disagree")
-    if disk not in (0, 0xFFFF) or cd_disk not in (0, 0xFFFF):
-        raise ZipCheckError(1, "a split (multi-disk) zip archive")
+    if disk != 0 or cd_disk != 0:
+        raise ZipCheckError(1, "a split (multi-disk) zip archive: torch cannot read it")
+
+
+def _one_disk_zip64(z64: bytes, locator: bytes) -> None:
+    """The ZIP64 records of a single-file archive, as miniz requires them: disk 0 of 1, every
+    entry on it."""
+    disk, cd_disk, here, total = struct.unpack_from("<IIQQ", z64, 16)
+    locator_disk, disks = struct.unpack_from("<I8xI", locator, 4)
+    if disk or cd_disk or locator_disk or disks != 1 or here != total:
+        raise ZipCheckError(1, "a split (multi-disk) zip archive: torch cannot read it")
 
 
 def _generic_trailer(fd: int, base: int, length: int, tail: bytes) -> Trailer:
@@ -181,6 +191,7 @@ def _generic_trailer(fd: int, base: int, length: int, tail: bytes) -> Trailer:
             raise ZipCheckError(1, "ZIP64 end-of-central-directory record missing or misplaced")
         entries, cd_size, cd_offset = struct.unpack_from("<QQQ", z64, 32)
         _same_counts(eocd, entries, cd_size, cd_offset)
+        _one_disk_zip64(z64, locator)
         cd_end = z64_offset
     else:
         _same_counts(eocd, entries, cd_size, cd_offset)
