@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 import ckpt_factory as cf
 from supervisor.checkpoints.watch import DirWatcher
 
@@ -101,3 +103,24 @@ def test_an_in_place_write_left_cut_short_is_torn_not_in_flight_forever(tmp_path
     assert watcher.poll(2.0).in_flight
     given_up = watcher.poll(2.0 + INCOMPLETE_GIVE_UP_S)
     assert not given_up.in_flight and given_up.completed == ()  # never reported as a save
+
+
+def test_inotify_wakes_the_poll_when_a_save_begins_in_the_dir_or_a_new_step_dir(tmp_path):
+    from supervisor.checkpoints.watch import DirEvents
+
+    events = DirEvents(tmp_path)
+    if not events.available:
+        pytest.skip("no inotify here: the clock-driven poll is all there is")
+    try:
+        assert events.changed() is False
+        with open(tmp_path / "step=20.ckpt", "wb") as fh:
+            fh.write(b"x")
+        assert events.changed() is True
+        assert events.changed() is False  # drained
+        (tmp_path / "step-30").mkdir()
+        assert events.changed() is True
+        (tmp_path / "step-30" / "__0_0.distcp").write_bytes(b"y")  # inside a directory born after the start
+        assert events.changed() is True
+    finally:
+        events.close()
+    assert events.changed() is False

@@ -254,3 +254,51 @@ def test_the_failure_step_is_not_moved_back_by_how_stdout_and_stderr_interleave(
     runner.run()
     failure = events_named(w["run_dir"], "failure")[0]
     assert failure["class"] == "illegal_memory_access" and failure["step"] == 12 and failure["last_step"] == 12
+
+
+def test_a_save_begun_after_the_notice_is_seen_open_right_before_the_kill_and_let_land(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    # Zero-code: at the notice nothing is written yet (the directory poll and the open files agree:
+    # stop now). The child then opens step=20.ckpt for writing, between the arbitration and the
+    # kill; the last look before the kill finds it open, the supervisor blocks until the file is
+    # closed (at 2.5 s), and only then kills. The fault is placed by the fake /proc, not by timing.
+    import supervisor.run.writers as writers
+    from supervisor.openfiles import OpenWriter
+
+    looks: list[float] = []
+
+    def fake_writers(pid: int, marker: str, under: str) -> list[OpenWriter]:
+        now = w["clock"].now() - w["clock"].start
+        looks.append(now)
+        if len(looks) == 1 or now >= 2.5:
+            return []  # the notice's look: not yet; from 2.5 s: closed
+        return [OpenWriter(pid, f"{under}/step=20.ckpt")]
+
+    monkeypatch.setattr(writers, "writers_in_tree", fake_writers)
+    script = ChildScript([(0.1 * i, "line", f"step {i}") for i in range(1, 20)] + [(20.0, "exit", 0)])
+    runner, w = make(tmp_path, [script], signals=[(1.0, TERM)])
+    runner.run()
+    decisions = [a["decision"] for a in events_named(w["run_dir"], "arbitration")]
+    assert decisions[:2] == ["stop_now", "block"], decisions
+    kills = [at for at, s in w["starter"].children[0].signals if s == KILL]
+    assert kills and kills[0] >= 2.5, kills  # not killed while the file was open
+    assert looks[0] == 1.0  # the notice looked at the open files before arbitrating
+
+
+def test_a_save_open_for_writing_at_the_notice_is_blocked_on(tmp_path: Path, monkeypatch: Any) -> None:
+    # The directory poll has not seen the write yet; the open file descriptor has.
+    import supervisor.run.writers as writers
+    from supervisor.openfiles import OpenWriter
+
+    def fake_writers(pid: int, marker: str, under: str) -> list[OpenWriter]:
+        now = w["clock"].now() - w["clock"].start
+        return [OpenWriter(pid, f"{under}/last.ckpt")] if 0.9 <= now < 2.0 else []
+
+    monkeypatch.setattr(writers, "writers_in_tree", fake_writers)
+    script = ChildScript([(0.1 * i, "line", f"step {i}") for i in range(1, 20)] + [(20.0, "exit", 0)])
+    runner, w = make(tmp_path, [script], signals=[(1.0, TERM)])
+    runner.run()
+    first = events_named(w["run_dir"], "arbitration")[0]
+    assert first["decision"] == "block", first["reason"]
+    kills = [at for at, s in w["starter"].children[0].signals if s == KILL]
+    assert kills and kills[0] >= 2.0, kills

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..checkpoints import DirWatcher
+from ..checkpoints.watch import DirEvents
 from ..child import ChildExit
 from ..client import STACK_DUMP_SIGNAL
 from ..control_wire import MAX_STEP, valid_step
@@ -29,7 +30,8 @@ from .resumable import inside as _inside
 from .attempt import AttemptState
 from .context import RunContext
 from .saves import WATCH_INTERVAL, final_rescan, record_save, watch_saves
-from .stop import ForceKill, SaveLanded, StopAsked, StopPhase, StopReason, Tick
+from .stop import ForceKill, SaveLanded, StopAsked, StopPhase, StopReason, Tick, kill_due
+from .writers import WRITER, open_save
 
 log = logging.getLogger("supervisor.run")
 
@@ -48,6 +50,7 @@ class Watch:
     progress: ProgressTracker
     losses: LossTracker
     watcher: DirWatcher
+    events: DirEvents | None = None  # inotify wake-ups for the directory poll, where available
     next_watch: float = 0.0
     next_poll: float = 0.0
     next_refresh: float = 0.0
@@ -64,12 +67,21 @@ def new_watch(ctx: RunContext, state: AttemptState) -> Watch:
     slow_nodes = SlowNodeTracker(ctx.cfg.slow_node) if ctx.cfg.slow_node.action != "off" else None
     return Watch(StepExtractor(ctx.cfg.step_regex), ProgressTracker(started_at=state.started_at),
                  LossTracker(spike_factor=ctx.cfg.loss_spike_factor), DirWatcher(ctx.layout.ckpt_dir),
-                 next_poll=now + ctx.cfg.preemption.poll_interval, slow_nodes=slow_nodes)
+                 DirEvents(ctx.layout.ckpt_dir), next_poll=now + ctx.cfg.preemption.poll_interval,
+                 slow_nodes=slow_nodes)
 
 
 def monitor(ctx: RunContext, child: Any, state: AttemptState) -> ChildExit:
     """Tick until the child's main process has ended; then drain what it left behind."""
     w = new_watch(ctx, state)
+    try:
+        return _watch_until_exit(ctx, child, state, w)
+    finally:
+        if w.events is not None:
+            w.events.close()
+
+
+def _watch_until_exit(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExit:
     while True:
         exit_ = tick(ctx, child, state, w)
         if exit_ is not None:
@@ -93,10 +105,14 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
     now = ctx.clock.now()
     drain_lines(ctx, child, state, w, now)
     drain_control(ctx, child, state, w, now)
-    if now >= w.next_watch:
+    # A write that begins wakes the poll at this tick (inotify), not up to WATCH_INTERVAL later.
+    woken = state.in_flight is None and w.events is not None and w.events.changed()
+    if now >= w.next_watch or woken:
         had_save = state.in_flight is not None
         watch_saves(ctx, w.watcher, state, now)
         w.next_watch = now + WATCH_INTERVAL
+        if state.in_flight is not None and state.in_flight.source == WRITER and open_save(ctx, child) is None:
+            state.in_flight = None  # the file seen open for writing was closed: the save ended
         if had_save and state.in_flight is None:
             notices.step(ctx, child, state, SaveLanded(), now)
     for sig in ctx.waker.drain():
@@ -122,7 +138,18 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
         w.next_lock_check = now + LOCK_CHECK_EVERY
         check_lock(ctx, child, state, now)
     notices.check_block(ctx, child, state, now)
-    notices.step(ctx, child, state, Tick(save_in_flight=state.in_flight is not None), now)
+    writer_open = False
+    if kill_due(state.stop, now) and not state.clients:
+        # The last look before an unchanged child is killed: a save it began after the notice.
+        if state.in_flight is None:
+            notices.note_open_save(ctx, child, state, now, "right before the kill")
+        if state.in_flight is not None:
+            writer_open = True
+            path = state.in_flight.path
+            ctx.emit(Ev.ARBITRATION, attempt=state.attempt, decision="block", save_path=path,
+                     reason=f"a save in flight right before the kill ({path}) -> block: let it finish, then stop")
+    notices.step(ctx, child, state, Tick(save_in_flight=state.in_flight is not None, writer_open=writer_open),
+                 now)
     return None
 
 

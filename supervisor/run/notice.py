@@ -25,6 +25,7 @@ from ..states import FailureClass
 from .attempt import AttemptState
 from .context import RunContext
 from .saves import remove_our_temp_files
+from .writers import open_save, save_of
 from .stop import (
     AbortDue, AbortSave, Broadcast, DeadlineMoved, Effect, ForceKill, NoticeArrived, SignalGroup, StopAsked,
     StopEvent, StopPhase, StopReason, WriteStopFile, advance,
@@ -112,6 +113,8 @@ def on_notice(ctx: RunContext, child: Any, state: AttemptState, source: str, sig
              reason=deadline.reason, **notice.to_event())
     history = ctx.current_save_history()  # from memory: the notice path reads no file
     state.save_history = history
+    if state.in_flight is None and not state.clients:
+        note_open_save(ctx, child, state, now, "at the notice")
     durable = state.last_durable_step
     decision = arbitrate(now, deadline.at, pcfg.margin, state.in_flight, history,
                          emergency_save_allowed=pcfg.emergency_save, client_connected=bool(state.clients),
@@ -122,6 +125,18 @@ def on_notice(ctx: RunContext, child: Any, state: AttemptState, source: str, sig
     log.warning("stop notice (%s): %s", notice.signal or notice.source, decision.reason)
     step(ctx, child, state, NoticeArrived(decision.decision, deadline.at, pcfg.margin, decision.reason,
                                           cooperative=bool(state.clients) or handles_term(child)), now)
+
+
+def note_open_save(ctx: RunContext, child: Any, state: AttemptState, now: float, when: str) -> bool:
+    """Zero-code mode: a checkpoint file the child's tree holds open for writing is a save in flight,
+    even before the directory poll has seen it change. Returns whether one was found."""
+    writer = open_save(ctx, child)
+    if writer is None:
+        return False
+    state.in_flight = save_of(writer, now)
+    ctx.emit(Ev.SAVE_BEGIN, attempt=state.attempt, path=writer.path, source="writer", pid=writer.pid, seen=when)
+    log.warning("a save is being written (%s, open for writing %s)", writer.path, when)
+    return True
 
 
 def handles_term(child: Any) -> bool:

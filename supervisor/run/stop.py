@@ -12,12 +12,15 @@ save, write the stop file). Nothing here touches a process or a clock.
        |    --notice: stop now / policy--> TERMINATING --kill_at----------> KILLING
        |    --notice: abort / force kill-> KILLING  (SIGKILL, repeated every second)
        |                                   BLOCKING --overrun / due: abort--> KILLING
+       |                                   TERMINATING --kill due, a checkpoint open for writing--> BLOCKING
 
 ``TERMINATING`` sends the graceful signal once (SIGTERM, or SIGINT for a person's Ctrl-C) and
 waits until ``kill_at``. A *cooperative* child (a client is connected: it saves and exits on
 ``should_stop()``) may use the time up to the deadline; an unchanged child is killed at once,
 since its notice signals are ignored (see :mod:`supervisor.run.layout`) and nothing it does after
-the notice can be kept.
+the notice can be kept, except a save it had already begun: right before the kill the loop looks
+at the files the child's tree holds open for writing (``Tick.writer_open``), and a save found there
+is blocked on like one found at the notice.
 """
 
 from __future__ import annotations
@@ -121,9 +124,12 @@ class DeadlineMoved:
 
 @dataclass(frozen=True)
 class Tick:
-    """Time passes. ``save_in_flight``: whether a save is still being written."""
+    """Time passes. ``save_in_flight``: whether a save is still being written. ``writer_open``: the
+    child's tree holds a checkpoint file open for writing, read right before an unchanged child is
+    killed (:func:`kill_due`): a save that began after the notice was arbitrated."""
 
     save_in_flight: bool = False
+    writer_open: bool = False
 
 
 StopEvent = Union[NoticeArrived, StopAsked, ForceKill, SaveLanded, AbortDue, DeadlineMoved, Tick]
@@ -251,6 +257,18 @@ def _on_deadline_moved(state: StopState, event: DeadlineMoved, now: float) -> tu
     return nxt, ()
 
 
+def kill_due(state: StopState, now: float) -> bool:
+    """Whether the next :class:`Tick` at ``now`` ends an unchanged child stopped by a notice: the
+    moment to look once more for a save it began after the notice (``Tick.writer_open``)."""
+    return (state.phase is StopPhase.TERMINATING and state.kill_at is not None and now >= state.kill_at
+            and _may_block_on_writer(state, now))
+
+
+def _may_block_on_writer(state: StopState, now: float) -> bool:
+    return (state.reason is StopReason.PREEMPTION and not state.cooperative and state.usable is not None
+            and now < state.usable)
+
+
 def _on_tick(state: StopState, event: Tick, now: float) -> tuple[StopState, tuple[Effect, ...]]:
     phase = state.phase
     if phase is StopPhase.RUNNING:
@@ -266,6 +284,10 @@ def _on_tick(state: StopState, event: Tick, now: float) -> tuple[StopState, tupl
             return _kill(state, now, AbortSave("the emergency save did not finish before deadline - margin"))
         return _terminate(state, now)
     if phase is StopPhase.TERMINATING and state.kill_at is not None and now >= state.kill_at:
+        if event.writer_open and _may_block_on_writer(state, now):
+            # A save began between the notice and the kill: let it land (the loop aborts it if it is
+            # projected to overrun, and at deadline - margin at the latest), then stop.
+            return replace(state, phase=StopPhase.BLOCKING, kill_at=None, next_broadcast=now), ()
         return _kill(state, now)
     if now >= state.next_broadcast:
         return replace(state, next_broadcast=now + BROADCAST_EVERY), (_stop_broadcast(state),)
