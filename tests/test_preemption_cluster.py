@@ -214,6 +214,35 @@ def test_zero_code_preempted_mid_save_that_fits_keeps_the_file_whole_and_resumes
     assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
 
 
+def test_zero_code_save_that_begins_with_the_notice_is_seen_open_and_lands_whole(slurm_cluster, slurm_job_dir):
+    """The race at the notice: an unchanged script begins a save as the preemption reaches it (its
+    SIGCONT handler opens step=N.ckpt; Slurm sends SIGCONT, then SIGTERM), before the directory poll
+    can have seen a byte of it. The supervisor sees the file open for writing, at the notice or at
+    the last look before the kill, and blocks until it is closed: the file is whole, nothing is
+    quarantined, and the requeued run resumes from it."""
+    run_dir = slurm_job_dir / "run"
+    ckpt = run_dir / "checkpoints"
+    child = (f"{PY} {CHILDREN / 'zero_code_late_save.py'} --steps 30 --step-time 0.1 --save-every 10 "
+             f"--late-seconds 2 --ckpt-dir {ckpt}")
+    with slurm_cluster.grace(10):
+        job = submit_victim(slurm_cluster, slurm_job_dir, "n1",
+                            victim_script(run_dir, child, sets="--resume-arg '--ckpt_path {path}'"))
+        wait_until(lambda: log_has(run_dir, "step 12\n"), 120, "step 12 (after the save of step 10)")
+        slurm_cluster.preempt("n1")
+        final = slurm_cluster.wait_state(job, "COMPLETED", timeout=120, min_restarts=1)
+    assert final.restarts >= 1
+    begun = re.search(r"late save of step (\d+) begins", (run_dir / "supervisor" / "attempt-1.log").read_text())
+    assert begun, "the child's save did not begin with the notice"
+    late = int(begun.group(1))
+    assert late > 10
+    assert log_has(run_dir, f"saved step {late}\n"), "the save begun with the notice was cut short"
+    assert "block" in [a["decision"] for a in events_named(run_dir, "arbitration")]
+    assert events_named(run_dir, "quarantine") == []  # nothing torn
+    assert resumed_step_from_child(run_dir, 2) == late
+    assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
+    assert all(r["ok"] for r in verify_all(ckpt))
+
+
 def test_completed_training_is_not_requeued(slurm_cluster, slurm_job_dir):
     run_dir = slurm_job_dir / "run"
     child = f"{PY} {CHILDREN / 'slow_saver.py'} --steps 15 --step-time 0.05 --save-every 5 --save-seconds 0.1"

@@ -124,6 +124,11 @@ class ProcessChild:
     def pid(self) -> int | None:
         return self._child.pid
 
+    @property
+    def tree_marker(self) -> str:
+        """The marker every process of the child's tree carries (see :mod:`supervisor.openfiles`)."""
+        return self._child.tree_marker
+
     def poll(self) -> ChildExit | None:
         return self._child.poll()
 
