@@ -120,6 +120,8 @@ except OSError as exc:
 """
 LOG_MODE = 0o640  # attempt logs hold the training's output: owner and group, never other users
 TREE_ENV = "SUPERVISOR_PROCESS_TREE"  # set by the shim in the child's environment: the tree's marker
+READ_BYTES = 1 << 20  # one read of the child's output takes up to this much (the pipe holds PIPE_BYTES)
+PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged F_SETPIPE_SZ (/proc/sys/fs/pipe-max-size)
 _RELEASE = b"R"  # written to the watchdog's pipe at a normal end: "exit quietly"
 _PR_SET_CHILD_SUBREAPER = 36
 _subreaper: bool | None = None
@@ -252,6 +254,16 @@ class LineQueue:
             self._items.append(item)  # a full deque with maxlen drops from the left
         return evicted
 
+    def extend(self, items: list[Line]) -> int:
+        """Append ``items`` in order; the oldest lines beyond ``maxlen`` are evicted (and counted).
+        Returns how many were evicted."""
+        with self._lock:
+            evicted = max(len(self._items) + len(items) - self.maxlen, 0)
+            self.dropped += evicted
+            self.queued += len(items)
+            self._items.extend(items)
+        return evicted
+
     def put_nowait(self, item: Line) -> None:
         """``queue.Queue`` spelling of :meth:`put` (never raises ``queue.Full``)."""
         self.put(item)
@@ -347,23 +359,26 @@ class Child:
             self._readers.append(t)
 
     def _pump(self, stream: BinaryIO, name: str, echo_fd: int) -> None:
-        """Copy raw chunks to the console and log unchanged; split lines (bounded) for analysis."""
-        partial = bytearray()
-        overflow = False
+        """Copy raw chunks to the console and log unchanged; split lines (bounded) for analysis.
+
+        Why in bulk: a training printing as fast as it can (600k+ lines/s) must not wait on this
+        thread. Each read takes whatever the (enlarged) pipe holds; the console, the log and the
+        tail get it in one write each, and the lines are split, decoded and queued with C-level
+        calls (``bytes.split``, ``deque.extend``), never one Python step per line."""
+        partial = bytearray()  # the start of a line whose end has not arrived yet (at most max_line_bytes)
+        overflow = False  # that line is longer than max_line_bytes: the rest of it is cut for analysis
         limit = self.spec.max_line_bytes
         fd = stream.fileno()
+        _enlarge_pipe(fd)
         while True:
             try:
-                chunk = os.read(fd, 65536)
+                chunk = os.read(fd, READ_BYTES)
             except OSError:
                 break
             if not chunk:
                 break
             if self.spec.echo:
-                try:
-                    os.write(echo_fd, chunk)
-                except OSError:
-                    pass
+                _write_all(echo_fd, chunk)
             with self._log_lock:
                 try:
                     if self._log:
@@ -371,31 +386,55 @@ class Child:
                 except OSError:
                     pass
             self.tail.add(chunk)
-            start = 0
-            while True:
-                # A carriage return ends a line too: tqdm redraws its bar with '\r', and each redraw
-                # is fresh progress for the analysis (the log keeps the raw bytes).
-                nl = _next_line_end(chunk, start)
-                piece = chunk[start:] if nl < 0 else chunk[start:nl]
-                if not overflow:
-                    room = limit - len(partial)
-                    partial += piece[:room]
-                    if len(piece) > room:
-                        overflow = True
-                        with self._cut_lock:
-                            self._cut_lines += 1
-                if nl < 0:
-                    break
-                self._queue_line(name, bytes(partial))
-                partial.clear()
-                overflow = False
-                start = nl + 1
+            # A carriage return ends a line too: tqdm redraws its bar with '\r', and each redraw is
+            # fresh progress for the analysis (the log keeps the raw bytes).
+            lines = chunk.replace(b"\r", b"\n").split(b"\n") if b"\r" in chunk else chunk.split(b"\n")
+            rest = lines.pop()  # after the last line end: the start of the next line (or b"")
+            if lines:
+                if partial or overflow:  # the first line ends the one begun in an earlier read
+                    if not overflow:
+                        room = limit - len(partial)
+                        overflow = len(lines[0]) > room
+                        partial += lines[0][:room]
+                    lines[0] = bytes(partial)
+                    if overflow:
+                        self._count_cut(1)
+                    partial.clear()
+                    overflow = False
+                if max(map(len, lines)) > limit:
+                    lines = self._cut(lines, limit)
+                self._queue_lines(name, lines)
+            if not overflow:
+                room = limit - len(partial)
+                partial += rest[:room]
+                overflow = len(rest) > room
         if partial:
-            self._queue_line(name, bytes(partial))
+            if overflow:
+                self._count_cut(1)
+            self._queue_lines(name, [bytes(partial)])
         try:
             stream.close()
         except OSError:
             pass
+
+    def _cut(self, lines: list[bytes], limit: int) -> list[bytes]:
+        """Lines longer than ``limit`` cut to it for analysis (counted); the log keeps them whole."""
+        self._count_cut(sum(1 for line in lines if len(line) > limit))
+        return [line[:limit] for line in lines]
+
+    def _count_cut(self, count: int) -> None:
+        if not count:
+            return
+        with self._cut_lock:
+            self._cut_lines += count
+
+    def _queue_lines(self, name: str, lines: list[bytes]) -> None:
+        """Decode and queue the non-empty lines of one read, in order, in one step."""
+        data = b"\n".join(line for line in lines if line)
+        if not data:
+            return
+        now = time.time()
+        self.lines.extend([(now, name, text) for text in data.decode("utf-8", errors="replace").split("\n")])
 
     def _queue_line(self, name: str, data: bytes) -> None:
         if not data:
@@ -533,10 +572,28 @@ class Child:
         return note + f"faulthandler dump requested with signal {signal.Signals(dump_signal).name}; see the attempt log"
 
 
-def _next_line_end(chunk: bytes, start: int) -> int:
-    n = chunk.find(b"\n", start)
-    r = chunk.find(b"\r", start, n if n >= 0 else len(chunk))
-    return r if r >= 0 else n
+def _enlarge_pipe(fd: int) -> None:
+    """Give the child's pipe room for ``PIPE_BYTES`` (Linux ``F_SETPIPE_SZ``): a writer printing as
+    fast as it can then never waits while this reader waits for the GIL. Best effort."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+    except (OSError, ValueError, ImportError):
+        pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` (a pipe or terminal may take part of it); give up quietly on an error."""
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        view = view[written:]
 
 
 def resolve_command(argv: Sequence[str], env: Mapping[str, str]) -> str | None:

@@ -216,14 +216,16 @@ def test_zero_code_preempted_mid_save_that_fits_keeps_the_file_whole_and_resumes
 
 def test_zero_code_save_that_begins_with_the_notice_is_seen_open_and_lands_whole(slurm_cluster, slurm_job_dir):
     """The race at the notice: an unchanged script begins a save as the preemption reaches it (its
-    SIGCONT handler opens step=N.ckpt; Slurm sends SIGCONT, then SIGTERM), before the directory poll
-    can have seen a byte of it. The supervisor sees the file open for writing, at the notice or at
-    the last look before the kill, and blocks until it is closed: the file is whole, nothing is
-    quarantined, and the requeued run resumes from it."""
+    SIGCONT handler opens last.ckpt in place; Slurm sends SIGCONT, then SIGTERM) and writes its
+    first byte 0.5 s later, so the directory shows nothing when the notice is arbitrated. The
+    supervisor sees the file open for writing (at the notice, or at the last look before the kill)
+    and blocks until it is closed: last.ckpt is whole, nothing is quarantined, and the requeued run
+    resumes from the step it saved. Before the open files were looked at, the child was killed at
+    once and the save was lost (resumed from step 10)."""
     run_dir = slurm_job_dir / "run"
     ckpt = run_dir / "checkpoints"
-    child = (f"{PY} {CHILDREN / 'zero_code_late_save.py'} --steps 30 --step-time 0.1 --save-every 10 "
-             f"--late-seconds 2 --ckpt-dir {ckpt}")
+    child = (f"{PY} {CHILDREN / 'zero_code_late_save.py'} --steps 25 --step-time 0.1 --save-every 10 "
+             f"--first-byte-after 0.5 --late-seconds 1.5 --ckpt-dir {ckpt}")
     with slurm_cluster.grace(10):
         job = submit_victim(slurm_cluster, slurm_job_dir, "n1",
                             victim_script(run_dir, child, sets="--resume-arg '--ckpt_path {path}'"))
@@ -231,13 +233,15 @@ def test_zero_code_save_that_begins_with_the_notice_is_seen_open_and_lands_whole
         slurm_cluster.preempt("n1")
         final = slurm_cluster.wait_state(job, "COMPLETED", timeout=120, min_restarts=1)
     assert final.restarts >= 1
-    begun = re.search(r"late save of step (\d+) begins", (run_dir / "supervisor" / "attempt-1.log").read_text())
-    assert begun, "the child's save did not begin with the notice"
+    first = (run_dir / "supervisor" / "attempt-1.log").read_text()
+    begun = re.search(r"late save of step (\d+) begins", first)
+    assert begun, f"the child's save did not begin with the notice (no SIGCONT?):\n{first[-1500:]}"
     late = int(begun.group(1))
     assert late > 10
     assert log_has(run_dir, f"saved step {late}\n"), "the save begun with the notice was cut short"
     assert "block" in [a["decision"] for a in events_named(run_dir, "arbitration")]
     assert events_named(run_dir, "quarantine") == []  # nothing torn
+    assert events_named(run_dir, "resume_point")[1]["step"] == late
     assert resumed_step_from_child(run_dir, 2) == late
     assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
     assert all(r["ok"] for r in verify_all(ckpt))

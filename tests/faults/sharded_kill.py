@@ -49,14 +49,77 @@ REPO = Path(__file__).resolve().parents[2]
 
 WRITERS = ("atomic", "plain")
 NAMES = ("step_and_last", "last_only")
+# Where a trial can stop the writer and kill it, exactly there (see :func:`_install_pause`):
+PLACED = {
+    "writing": "writing: staging without marker",  # the victim rank's files are in staging; no marker
+    "commit": "commit: marker written, not yet renamed",  # rank 0 wrote the marker; nothing renamed yet
+    "publish": "publish: old one moved aside",  # rank 0 moved the old checkpoint aside; the new one not in yet
+}
+PAUSED = "paused"  # the file a paused rank writes in the trial's directory: "<phase> <rank>"
+_current: dict[str, Any] = {}  # the save this rank is in: {"name": ..., "step": ...}
+
+
+def _install_pause(work: Path, rank: int, pause: dict[str, Any]) -> None:
+    """A pause point in the writer: at ``pause["phase"]`` of save ``pause["step"]`` of checkpoint
+    ``pause["name"]``, this rank says so (``work/paused``) and waits to be killed. Wraps the
+    protocol's own steps in this rank's process only: ``sync_tree`` (a rank's files are written,
+    before its note and the commit), ``publish`` (rank 0, the marker is written) and ``fsync_dir``
+    inside ``publish`` right after the old checkpoint was moved aside."""
+    from supervisor import sharded
+
+    phase = pause["phase"]
+
+    def due() -> bool:
+        return _current.get("name") == pause["name"] and _current.get("step") == pause["step"]
+
+    def stop_here() -> None:
+        tmp = work / f".{PAUSED}.{rank}"
+        tmp.write_text(f"{phase} {rank}")
+        os.replace(tmp, work / PAUSED)
+        while True:
+            time.sleep(3600)  # until the driver's kill -9
+
+    if phase == "writing":
+        sync_tree = sharded.sync_tree
+
+        def paused_sync_tree(root: Path) -> list[str]:
+            if due():
+                stop_here()
+            return sync_tree(root)
+
+        sharded.sync_tree = paused_sync_tree  # type: ignore[assignment]
+    elif phase in ("commit", "publish"):
+        publish, fsync_dir = sharded.publish, sharded.fsync_dir
+        inside: dict[str, Any] = {}
+
+        def paused_publish(staging: Path, final: Path, name: Any) -> None:
+            if due() and phase == "commit":
+                stop_here()
+            inside["final"] = final if due() else None
+            try:
+                publish(staging, final, name)
+            finally:
+                inside["final"] = None
+
+        def paused_fsync_dir(path: Any) -> None:
+            fsync_dir(path)
+            final = inside.get("final")
+            if final is not None and phase == "publish" and not os.path.lexists(final):
+                stop_here()  # the old one is aside, the new one not renamed in
+
+        sharded.publish = paused_publish  # type: ignore[assignment]
+        sharded.fsync_dir = paused_fsync_dir  # type: ignore[assignment]
+    else:
+        raise ValueError(f"pause phase {phase!r}: one of {sorted(PLACED)}")
 
 
 def rank_loop(rank: int, world: int, work: Path, nbytes: int, writer: str = "atomic",
-              names: str = "step_and_last") -> None:
+              names: str = "step_and_last", pause: dict[str, Any] | None = None) -> None:
     """One rank: init gloo, then save forever (until killed): ``step-<k>`` then ``last`` each
     time, or ``last`` alone (the single-copy set-up: every save replaces the only checkpoint).
     ``writer``: ``atomic`` (``supervisor.integrations.dcp.save``) or ``plain`` (DCP's own
-    ``dcp.save`` straight into the directory, the baseline)."""
+    ``dcp.save`` straight into the directory, the baseline). ``pause``: this rank stops at a
+    named point of one save (:func:`_install_pause`)."""
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -65,6 +128,8 @@ def rank_loop(rank: int, world: int, work: Path, nbytes: int, writer: str = "ato
     from supervisor.integrations import dcp as sdcp
 
     torch.set_num_threads(1)
+    if pause is not None and pause.get("rank") == rank:
+        _install_pause(work, rank, pause)
     dist.init_process_group("gloo", init_method=f"file://{work / 'store'}", rank=rank, world_size=world)
     ckpt = work / "ckpt"
     fd = os.open(work / "journal", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if rank == 0 else -1
@@ -80,6 +145,7 @@ def rank_loop(rank: int, world: int, work: Path, nbytes: int, writer: str = "ato
         state = {"step": step, f"rank{rank}": torch.full((64,), float(step)), f"pad{rank}": pad}
         for name in (f"step-{step}", "last") if names == "step_and_last" else ("last",):
             note(f"begin {name} {step}")
+            _current.update(name=name, step=step)
             if writer == "atomic":
                 sdcp.save(state, ckpt / name, step)
             else:
@@ -114,7 +180,8 @@ def _spawn(request: dict[str, Any]) -> list[int]:
         pid = os.fork()
         if pid == 0:
             _child(functools.partial(rank_loop, rank, request["world"], work, request["bytes"],
-                                     request.get("writer", "atomic"), request.get("names", "step_and_last")))
+                                     request.get("writer", "atomic"), request.get("names", "step_and_last"),
+                                     request.get("pause")))
         pids.append(pid)
     return pids
 
@@ -276,17 +343,20 @@ def _landed(ckpt: Path) -> str:
     return "between saves"
 
 
-MOMENTS = ("uniform", "at_marker")
+MOMENTS = ("uniform", "at_marker", *PLACED)
 
 
 def sharded_kill_trial(pool: ShardedPool, work: Path, trial: int, rng: random.Random, *,
                        world: int | None = None, nbytes: int | None = None,
                        moment: str | None = None, names: str = "step_and_last",
                        writer: str = "atomic") -> ShardedOutcome:
-    """Start ``world`` ranks saving, kill -9 one at a random moment of save k (k in 2..4), kill
-    the others 0-50 ms later, then judge (see :class:`ShardedOutcome`). ``moment``: ``uniform``
-    (a uniform time within that save's cycle, any rank) or ``at_marker`` (rank 0, as soon as a
-    commit marker appears: the commit and publish windows, milliseconds wide); random when None.
+    """Start ``world`` ranks saving, kill -9 one during save k (k in 2..4), kill the others 0-50 ms
+    later, then judge (see :class:`ShardedOutcome`). ``moment``: ``uniform`` (a random time within
+    that save's cycle, any rank: wherever it lands), ``at_marker`` (rank 0, as soon as a commit
+    marker appears; where it lands is still up to timing), or a *placed* phase of :data:`PLACED`
+    (``writing``, ``commit``, ``publish``): the rank stops at that point of the save of ``last``
+    at step k (a pause point in the writer) and is killed there, so the kill lands in that window
+    every time, whatever the machine's load; random among uniform and at_marker when None.
     ``names`` and ``writer``: see :func:`rank_loop` (``writer="plain"`` is the baseline, which
     is expected to fail)."""
     if names not in NAMES or writer not in WRITERS:
@@ -301,27 +371,31 @@ def sharded_kill_trial(pool: ShardedPool, work: Path, trial: int, rng: random.Ra
     ckpt = work / "ckpt"
     attempt = 1
     started = time.monotonic()
-    pids = pool.ask({"cmd": "spawn", "dir": str(work), "world": world, "bytes": nbytes, "attempt": attempt,
-                     "writer": writer, "names": names})["pids"]
     victim = rng.randrange(world)
     target = rng.randint(2, 4)
     how = moment or rng.choice(["uniform", "uniform", "uniform", "at_marker"])
     if how not in MOMENTS:
         raise ValueError(f"moment {how!r}: one of {MOMENTS}")
+    if how in ("commit", "publish", "at_marker"):
+        victim = 0  # only rank 0 commits and publishes
+    pause = {"phase": how, "rank": victim, "step": target, "name": "last"} if how in PLACED else None
+    pids = pool.ask({"cmd": "spawn", "dir": str(work), "world": world, "bytes": nbytes, "attempt": attempt,
+                     "writer": writer, "names": names, "pause": pause})["pids"]
     problems: list[str] = []
     facts: dict[str, Any] = {"world": world, "bytes_per_rank": nbytes, "victim_rank": victim, "save": target,
                              "moment": how, "names": names, "writer": writer}
     try:
         begun = _wait(lambda: [r for r in _journal(work) if r[1] == "begin" and r[3] == target], 60)
-        if not begun:
+        if pause is not None:
+            if not _wait(lambda: (work / PAUSED).exists(), 120):
+                problems.append(f"rank {victim} never reached the pause point {how!r} of save {target}")
+        elif not begun:
             problems.append(f"save {target} never began: {_journal(work)[-3:]}")
         else:
             rows = _journal(work)
             firsts = [r[0] for r in rows if r[1] == "begin" and r[3] == target - 1]
             cycle = max(begun[0][0] - firsts[0], 0.01) if firsts else 0.2
             if how == "at_marker":
-                victim = 0
-                facts["victim_rank"] = 0
                 _wait(lambda: any((p / sharded.MARKER).exists() for p in ckpt.glob("*.tmp-*")
                                   if sharded.parse_staging_name(p.name)), cycle * 2)
             else:
@@ -347,6 +421,8 @@ def sharded_kill_trial(pool: ShardedPool, work: Path, trial: int, rng: random.Ra
     facts.update(last_committed=last_committed, last_begun=last_begun)
     label = _landed(ckpt) if ckpt.is_dir() else "before the first save"
     facts["landed"] = label
+    if pause is not None and label != PLACED[how]:
+        problems.append(f"placed at {how!r} but the directory shows {label!r}")
 
     def judge(stage: str) -> int | None:
         result = find_resume_point(ckpt, writers_alive=False, quarantine=True, quarantine_tag=f"t{trial}")
