@@ -100,3 +100,32 @@ def test_two_writers_and_a_reader_lose_nothing_but_what_is_counted() -> None:
     for name in ("stdout", "stderr"):  # each writer's lines arrive in order
         numbers = [int(text.split()[1]) for text in seen if text.startswith(name)]
         assert numbers == sorted(numbers)
+
+
+def test_a_two_million_line_burst_under_supervise_run_is_logged_whole_in_order_and_ends_on_the_last_step(
+        tmp_path: Path) -> None:
+    """The chatty child at full speed through the whole path (pipe, echo, attempt log, tail, line
+    queue, step analysis in the run loop): every line in the attempt log, in order, and the newest
+    step the supervisor knows is the last one printed. Timing is the benchmark's business
+    (benchmarks/bench_output_rate.py), not this test's."""
+    import subprocess
+
+    from helpers import events_named
+
+    lines = 2_000_000
+    code = (f"import sys\nw = sys.stdout.write\nfor i in range(1, {lines + 1}):\n    w(f'step {{i}} loss 0.5\\n')\n"
+            "sys.stdout.flush()\n")
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]),
+                                                                   os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, "-m", "supervisor", "run", "--run-dir", str(run_dir), "--quiet", "--",
+                           sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    logged = (run_dir / "supervisor" / "attempt-1.log").read_bytes()
+    expected = b"".join(b"step %d loss 0.5\n" % i for i in range(1, lines + 1))
+    if logged != expected:
+        got = logged.split(b"\n")
+        first_bad = next((i for i, (a, b) in enumerate(zip(got, expected.split(b"\n"))) if a != b), len(got))
+        raise AssertionError(f"the attempt log differs from line {first_bad + 1}: {got[first_bad:first_bad + 2]}")
+    assert events_named(run_dir, "attempt_end")[0]["last_step"] == lines

@@ -35,11 +35,14 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
 from faults.sharded_kill import (
+    PLACED,
     ShardedOutcome,
     ShardedPool,
     sharded_kill_trial,
     summarize,
 )
+
+PHASES = tuple(PLACED)  # every fourth trial (atomic writer) is killed at one of these pause points, in turn
 
 
 def machine() -> dict[str, object]:
@@ -79,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with ShardedPool() as pool:
             for i in range(args.trials):
+                placed = PHASES[(i // 4) % len(PHASES)] if args.writer == "atomic" else "at_marker"
                 outcome = sharded_kill_trial(pool, work / f"t{i}", i, rng, world=args.world,
-                                             moment="at_marker" if i % 4 == 3 else "uniform",
+                                             moment=placed if i % 4 == 3 else "uniform",
                                              names="last_only" if i % 2 else "step_and_last", writer=args.writer)
                 outcomes.append(outcome)
                 mark = "ok " if outcome.ok else "BAD"

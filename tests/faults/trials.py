@@ -286,9 +286,11 @@ class SaverPool:
             raise RuntimeError(f"the saver zygote died (exit {self._proc.poll()})")
         return json.loads(line)
 
-    def spawn(self, mode: str, ckpt_dir: Path, journal: Path, nbytes: int, pause: float, keep: int) -> int:
+    def spawn(self, mode: str, ckpt_dir: Path, journal: Path, nbytes: int, pause: float, keep: int,
+              stop_at: int | None = None, paused: Path | None = None) -> int:
         return int(self._ask({"cmd": "spawn", "mode": mode, "dir": str(ckpt_dir), "journal": str(journal),
-                              "bytes": nbytes, "pause": pause, "keep": keep})["pid"])
+                              "bytes": nbytes, "pause": pause, "keep": keep, "stop_at": stop_at,
+                              "paused": str(paused) if paused else None})["pid"])
 
     def reap(self, pid: int) -> int:
         return int(self._ask({"cmd": "reap", "pid": pid})["status"])
@@ -340,13 +342,15 @@ def _phase(journal: dict[str, dict[int, float]], killed_at: float, mode: str) ->
 
 
 def kill_during_save_trial(pool: SaverPool, work_dir: Path, trial: int, rng: random.Random, mode: str,
-                           params: KillParams = KillParams()) -> TrialOutcome:
+                           params: KillParams = KillParams(), placed: bool = False) -> TrialOutcome:
     """Fault 1 (``mode="atomic"``) and 2 (``mode="plain"``): SIGKILL a process that saves in a loop,
     at a random moment of one of its save cycles, then check what a restart would find.
 
     The kill time: wait for save k (k random in 2..4) to begin, then sleep a uniform fraction of
     the previous cycle's length, so kills spread over the write, the ``last.ckpt`` update, the
-    retention and the gap before the next save.
+    retention and the gap before the next save. ``placed``: instead, the saver stops half-way
+    through the step file of save k (a pause point in the writer, tests/faults/saver.py) and is
+    killed there: mid-write every time, whatever the machine's load.
 
     atomic: nothing torn among the non-temp files (L0-L4, CRC included), a valid resume point at or
     after the last completed save. plain: the resume point the run loop would pick right away is
@@ -359,11 +363,16 @@ def kill_during_save_trial(pool: SaverPool, work_dir: Path, trial: int, rng: ran
     ckpt.mkdir(parents=True)
     f = Findings()
     target = rng.randint(2, 4)
-    pid = pool.spawn(mode, ckpt, journal_path, params.save_bytes, params.pause, params.keep)
+    paused = base / "paused"
+    pid = pool.spawn(mode, ckpt, journal_path, params.save_bytes, params.pause, params.keep,
+                     stop_at=target if placed else None, paused=paused if placed else None)
     reached = wait_until(lambda: target in _read_journal(journal_path)["begin"], timeout=60, interval=0.001)
     journal = _read_journal(journal_path)
     cycle = (journal["begin"].get(target, 0.0) - journal["begin"].get(target - 1, 0.0)) if reached else 0.0
     delay = rng.uniform(0, cycle)
+    if placed:
+        reached = reached and bool(wait_until(paused.exists, timeout=60, interval=0.001))
+        delay = 0.0
     deadline = journal["begin"].get(target, time.monotonic()) + delay
     while time.monotonic() < deadline:
         pass  # busy-wait: sleep() overshoots by a millisecond or more, as long as a small write
@@ -379,7 +388,7 @@ def kill_during_save_trial(pool: SaverPool, work_dir: Path, trial: int, rng: ran
     names = checkpoint_files(ckpt)
     phase = _phase(journal, killed_at, mode)
     facts: dict[str, Any] = {"target_save": target, "cycle_s": round(cycle, 4), "delay_s": round(delay, 4),
-                             "phase": phase, "completed_save": completed, "began_save": began,
+                             "placed": placed, "phase": phase, "completed_save": completed, "began_save": began,
                              "temp_files": len(names["temp"]), "mid_write": bool(names["temp"])}
 
     if mode == "atomic":
