@@ -254,13 +254,14 @@ class LineQueue:
             self._items.append(item)  # a full deque with maxlen drops from the left
         return evicted
 
-    def extend(self, items: list[Line]) -> int:
+    def extend(self, items: list[Line], skipped: int = 0) -> int:
         """Append ``items`` in order; the oldest lines beyond ``maxlen`` are evicted (and counted).
-        Returns how many were evicted."""
+        ``skipped``: lines older than ``items`` that the caller did not even build because they
+        would have been evicted at once (counted as queued and dropped). Returns how many went."""
         with self._lock:
-            evicted = max(len(self._items) + len(items) - self.maxlen, 0)
+            evicted = max(len(self._items) + len(items) - self.maxlen, 0) + skipped
             self.dropped += evicted
-            self.queued += len(items)
+            self.queued += len(items) + skipped
             self._items.extend(items)
         return evicted
 
@@ -429,12 +430,19 @@ class Child:
             self._cut_lines += count
 
     def _queue_lines(self, name: str, lines: list[bytes]) -> None:
-        """Decode and queue the non-empty lines of one read, in order, in one step."""
-        data = b"\n".join(line for line in lines if line)
-        if not data:
+        """Decode and queue the non-empty lines of one read, in order, in one step. Of a read
+        holding more lines than the queue, only the newest are built: the others would be
+        evicted at once (they are counted as dropped, as the queue would)."""
+        kept = list(filter(None, lines))
+        room = self.lines.maxlen
+        skipped = max(len(kept) - room, 0)
+        if skipped:
+            kept = kept[skipped:]
+        if not kept:
             return
         now = time.time()
-        self.lines.extend([(now, name, text) for text in data.decode("utf-8", errors="replace").split("\n")])
+        text = b"\n".join(kept).decode("utf-8", errors="replace")
+        self.lines.extend([(now, name, line) for line in text.split("\n")], skipped=skipped)
 
     def _queue_line(self, name: str, data: bytes) -> None:
         if not data:

@@ -129,3 +129,25 @@ def test_a_two_million_line_burst_under_supervise_run_is_logged_whole_in_order_a
         first_bad = next((i for i, (a, b) in enumerate(zip(got, expected.split(b"\n"))) if a != b), len(got))
         raise AssertionError(f"the attempt log differs from line {first_bad + 1}: {got[first_bad:first_bad + 2]}")
     assert events_named(run_dir, "attempt_end")[0]["last_step"] == lines
+
+
+def test_of_a_burst_the_loop_observes_the_first_step_and_the_newest_step_and_counter() -> None:
+    from supervisor.progress import StepMatch
+    from supervisor.run.monitor import matches_worth_observing
+
+    def match(line: str) -> StepMatch | None:  # "s N": a global step; "c N": a progress-only counter
+        kind, _, n = line.partition(" ")
+        return StepMatch(int(n), kind == "c", "test") if kind in ("s", "c") else None
+
+    def seen(lines: list[str], first_step_seen: bool) -> list[tuple[int, bool]]:
+        return [(m.value, m.progress_only) for m in matches_worth_observing(lines, match,
+                                                                            first_step_seen=first_step_seen)]
+
+    burst = ["noise", "c 1", "s 7", "noise", "c 2", "s 8", "s 9", "c 3", "noise"]
+    assert seen(burst, first_step_seen=False) == [(7, False), (3, True), (9, False)]  # the resume audit's first
+    assert seen(burst, first_step_seen=True) == [(3, True), (9, False)]
+    assert seen(["noise", "c 4", "noise", "c 5"], first_step_seen=True) == [(5, True)]
+    assert seen(["c 4", "c 5"], first_step_seen=False) == [(5, True)]
+    assert seen(["s 5", "s 6"], first_step_seen=False) == [(5, False), (6, False)]
+    assert seen(["s 5"], first_step_seen=False) == [(5, False)]
+    assert seen([f"s {2 ** 60}", "noise"], first_step_seen=True) == []  # out of range: not a step

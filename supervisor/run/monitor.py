@@ -9,6 +9,7 @@ stop machine. Every wait is the waker's, so a signal ends it at once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ from ..errors import RunLockedError
 from ..events import Ev
 from ..nodes import record_loss_anomaly, record_slow_node
 from ..preemption import InFlightSave
-from ..progress import LossTracker, ProgressTracker, StepExtractor
+from ..progress import LossTracker, ProgressTracker, StepExtractor, StepMatch
 from ..slownode import SlowNodeTracker
 from ..stall import StallTimeout
 from . import notice as notices
@@ -158,15 +159,52 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
     lines = child.drain_lines(LINES_PER_TICK)
     for line in lines:
         resumable.observe_line(ctx, state, line)
-        match = w.extractor.match(line)
-        if match is None or not (0 <= match.value < MAX_STEP):
-            continue
+    for match in matches_worth_observing(lines, w.extractor.match, first_step_seen=state.first_step is not None):
         if match.progress_only:
             if w.progress.observe_counter(match.value, now):  # activity, not the global step
                 ctx.stall.progress(now)
         else:
             observe_step(ctx, child, state, w, match.value, now, "regex")
     return len(lines)
+
+
+def matches_worth_observing(lines: list[str], match: Callable[[str], StepMatch | None], *,
+                            first_step_seen: bool) -> list[StepMatch]:
+    """The step matches of one tick's lines that change what the loop knows, oldest first.
+
+    Every line of a tick is observed at the same moment, so of a burst only the newest global step
+    and the newest progress-only counter matter (the rate needs one sample per moment, the stall
+    watch one sign of progress): the lines are read newest first and reading stops at the newest
+    global step. A chatty training printing hundreds of thousands of lines a second then costs one match
+    per tick instead of thousands. Until the attempt's first step is known the lines are read in
+    order up to it (the resume audit compares that first step)."""
+    counter: StepMatch | None = None  # the newest progress-only counter seen
+    first: StepMatch | None = None  # the attempt's first global step, when it is in this tick
+    start = 0
+    if not first_step_seen:
+        for start, line in enumerate(lines, 1):
+            got = _in_range(match(line))
+            if got is not None and got.progress_only:
+                counter = got
+            elif got is not None:
+                first = got
+                break
+        else:
+            return [counter] if counter else []
+    newer: StepMatch | None = None  # the newest progress-only counter after ``start``
+    for line in reversed(lines[start:]):
+        got = _in_range(match(line))
+        if got is None:
+            continue
+        if not got.progress_only:
+            return [m for m in (first, newer or counter, got) if m is not None]
+        if newer is None:
+            newer = got
+    return [m for m in (first, newer or counter) if m is not None]
+
+
+def _in_range(found: StepMatch | None) -> StepMatch | None:
+    return found if found is not None and 0 <= found.value < MAX_STEP else None
 
 
 def observe_step(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step: int, now: float,
