@@ -2,10 +2,12 @@
 
 The child prints ``step N loss 0.5`` lines as fast as Python can (buffered ``sys.stdout.write``)
 and times itself from its first line to its last flush; that time is the figure, so the
-supervisor's start-up and shutdown are not counted. *Bare*: the child's stdout goes straight to a
-file (as in a Slurm job's ``-o`` file). *Supervised*: ``python -m supervisor run -- <child>`` with
-the supervisor's own stdout to a file; the child's output goes through the supervisor's pipe, the
-console echo, the attempt log, the bounded tail and the step analysis. Bare and supervised runs
+supervisor's start-up and shutdown are not counted. *Bare*: the child's stdout goes straight to
+/dev/null (the fastest it can print: writes that cost nothing). *Supervised*: ``python -m
+supervisor run -- <child>`` with the supervisor's own stdout to /dev/null; the child's output goes
+through the supervisor's pipe, the console echo, the attempt log (a real file), the bounded tail
+and the step analysis. *Bare | cat*: bare, but through a pipe into ``cat > /dev/null``: the cost of
+any reader of the output (under ``srun``, slurmstepd reads the task's output the same way). Bare and supervised runs
 alternate (pairs), and the medians are reported, with the CPU the supervisor spent (its start-up
 included: CPU seconds of the supervised run beyond the child's print loop, less the same for the
 bare run), a figure a busy machine disturbs less than the rates:
@@ -44,18 +46,21 @@ with open(out, "w") as fh:
 """
 
 
-def run_once(work: Path, lines: int, supervised: bool, tag: str, repo: Path = REPO) -> tuple[float, float]:
+def run_once(work: Path, lines: int, supervised: bool, tag: str, repo: Path = REPO,
+             piped: bool = False) -> tuple[float, float]:
     """The child's line rate, and the CPU seconds spent by everything but the child's print loop
-    (the supervisor, and the start-up of both)."""
+    (the supervisor, and the start-up of both). ``piped``: bare, but into ``cat > /dev/null``
+    through a pipe (what any reader of the output costs, slurmstepd's included)."""
     timing = work / f"time-{tag}"
     child = [sys.executable, "-c", CHILD, str(lines), str(timing)]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     argv = child
+    if piped:
+        argv = ["bash", "-c", 'exec "$@" | cat > /dev/null', "bash", *child]
     if supervised:
         argv = [sys.executable, "-m", "supervisor", "run", "--run-dir", str(work / f"run-{tag}"), "--", *child]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with open(work / f"stdout-{tag}", "wb") as out:
-        subprocess.run(argv, stdout=out, stderr=subprocess.DEVNULL, env=env, check=True, cwd=work)
+    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=True, cwd=work)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     elapsed, child_cpu = map(float, timing.read_text().split())
     others = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) - child_cpu
@@ -81,6 +86,7 @@ def main() -> None:
     supervised: list[float] = []
     overhead: list[float] = []  # CPU seconds beyond the child's print loop, supervised minus bare
     baseline: list[float] = []
+    piped: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-output-") as tmp:
         work = Path(tmp)
         for i in range(args.pairs):
@@ -89,6 +95,7 @@ def main() -> None:
             rate, sup_others = run_once(work, args.lines, True, f"sup-{i}")
             supervised.append(rate)
             overhead.append(sup_others - bare_others)
+            piped.append(run_once(work, args.lines, False, f"piped-{i}", piped=True)[0])
             if args.baseline is not None:
                 baseline.append(run_once(work, args.lines, True, f"base-{i}", args.baseline)[0])
     result = {
@@ -96,6 +103,7 @@ def main() -> None:
         "bare_lines_per_s": [round(r) for r in bare], "supervised_lines_per_s": [round(r) for r in supervised],
         "bare_median": round(statistics.median(bare)), "supervised_median": round(statistics.median(supervised)),
         "ratio": round(statistics.median(supervised) / statistics.median(bare), 3),
+        "piped_lines_per_s": [round(r) for r in piped], "piped_median": round(statistics.median(piped)),
         "supervisor_cpu_s": [round(o, 2) for o in overhead],
         "supervisor_cpu_us_per_line": round(statistics.median(overhead) / args.lines * 1e6, 3),
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
@@ -111,6 +119,7 @@ def main() -> None:
     print(f"{args.lines:,} lines, {args.pairs} pairs ({result['machine']}, {result['date']})")
     print(f"bare:       median {result['bare_median']:>10,} lines/s  {result['bare_lines_per_s']}")
     print(f"supervised: median {result['supervised_median']:>10,} lines/s  {result['supervised_lines_per_s']}")
+    print(f"bare | cat: median {result['piped_median']:>10,} lines/s  {result['piped_lines_per_s']}")
     print(f"supervised / bare: {result['ratio']:.1%}")
     if baseline:
         print(f"baseline:   median {result['baseline_median']:>10,} lines/s  {result['baseline_lines_per_s']}  "
