@@ -185,3 +185,36 @@ def test_a_notice_while_a_policy_stop_runs_only_brings_the_end_closer() -> None:
     state, effects = advance(state, notice(SaveDecision.BLOCK, deadline=T0 + 30), T0 + 1)
     assert effects == () and state.phase is StopPhase.TERMINATING
     assert (state.reason, state.deadline, state.kill_at) == (StopReason.POLICY, T0 + 30, T0 + 30)
+
+
+def test_a_save_open_for_writing_when_an_unchanged_child_is_due_to_die_is_blocked_on_then_killed() -> None:
+    # Stop now (no save seen at the notice): the kill is due at once. The loop's last look finds a
+    # checkpoint open for writing: block on it, as on a save seen at the notice, then kill.
+    from supervisor.run.stop import kill_due
+
+    state, _ = advance(StopState(), notice(SaveDecision.STOP_NOW), T0)
+    assert state.phase is StopPhase.TERMINATING and kill_due(state, T0)
+    state, effects = advance(state, Tick(save_in_flight=True, writer_open=True), T0)
+    assert state.phase is StopPhase.BLOCKING and shape(effects) == []
+    state, effects = advance(state, SaveLanded(), LATER)
+    assert state.phase is StopPhase.TERMINATING and kill_due(state, LATER)
+    state, effects = advance(state, Tick(), LATER)
+    assert state.phase is StopPhase.KILLING and shape(effects) == ["KILL"]
+
+
+def test_a_writer_found_too_late_or_for_a_cooperative_child_changes_nothing() -> None:
+    from supervisor.run.stop import kill_due
+
+    # At deadline - margin a save cannot be let land: the kill goes ahead.
+    state, _ = advance(StopState(), notice(SaveDecision.STOP_NOW, deadline=T0 + MARGIN), T0)
+    assert not kill_due(state, T0)
+    state, effects = advance(state, Tick(writer_open=True), T0)
+    assert state.phase is StopPhase.KILLING and shape(effects) == ["KILL"]
+    # A cooperative child saves on should_stop() and reports it; its kill comes at the deadline.
+    cooperative = reach("terminating")
+    assert not kill_due(cooperative, PAST_KILL)
+    state, _ = advance(cooperative, Tick(writer_open=True), PAST_KILL)
+    assert state.phase is StopPhase.KILLING
+    # A policy stop (stall, resume audit) is not a notice: no blocking on writers there either.
+    policy, _ = advance(StopState(), StopAsked(StopReason.POLICY, "stall", grace=0.0), T0)
+    assert not kill_due(policy, T0)
