@@ -151,3 +151,69 @@ def test_of_a_burst_the_loop_observes_the_first_step_and_the_newest_step_and_cou
     assert seen(["s 5", "s 6"], first_step_seen=False) == [(5, False), (6, False)]
     assert seen(["s 5"], first_step_seen=False) == [(5, False)]
     assert seen([f"s {2 ** 60}", "noise"], first_step_seen=True) == []  # out of range: not a step
+
+
+def _reference_lines(stream: bytes, limit: int) -> tuple[list[str], int]:
+    """What the analysis must get from ``stream``: lines ended by \\n or \\r, empty ones skipped,
+    each cut to ``limit`` bytes (and counted), decoded with replacement."""
+    pieces = stream.replace(b"\r", b"\n").split(b"\n")
+    kept = [p for p in pieces if p]
+    cut = sum(1 for p in kept if len(p) > limit)
+    return [p[:limit].decode("utf-8", errors="replace") for p in kept], cut
+
+
+def test_the_bulk_splitter_gives_the_lines_of_the_line_by_line_reading_whatever_the_reads() -> None:
+    """Any split of the output into reads (a line cut across reads, \\r\\n across reads, lines over
+    the limit spanning several reads, multi-byte characters) yields the same analysed lines, in
+    order, and the same count of cut lines."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    limit = 256
+    atoms = st.sampled_from([b"step 7", b"\n", b"\r", b"\r\n", b"x" * 200, "é".encode(), b"loss 0.5 ", b""])
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(atoms, max_size=40), st.lists(st.integers(1, 700), min_size=1, max_size=20))
+    def check(parts: list[bytes], sizes: list[int]) -> None:
+        stream = b"".join(parts)
+        child = Child(ChildSpec(argv=["true"], env={}, log_path=Path(os.devnull), echo=False,
+                                max_line_bytes=limit, line_queue_size=100_000))
+        reads = []
+        at, i = 0, 0
+        while at < len(stream):
+            reads.append(stream[at:at + sizes[i % len(sizes)]])
+            at += sizes[i % len(sizes)]
+            i += 1
+
+        class Reads:  # a stream whose reads return exactly these chunks
+            def __init__(self) -> None:
+                self.r, w = os.pipe()
+                self.w = w
+
+            def fileno(self) -> int:
+                return self.r
+
+            def close(self) -> None:
+                os.close(self.r)
+
+        src = Reads()
+        original_read = os.read
+        queue_of_reads = list(reads)
+
+        def read(fd: int, n: int) -> bytes:
+            if fd != src.r:
+                return original_read(fd, n)
+            return queue_of_reads.pop(0) if queue_of_reads else b""
+
+        os.read = read  # type: ignore[assignment]
+        try:
+            child._pump(src, "stdout", 1)  # type: ignore[arg-type]
+        finally:
+            os.read = original_read  # type: ignore[assignment]
+            os.close(src.w)
+        got = [item[2] for item in child.lines.drain(1_000_000)]
+        expected, cut = _reference_lines(stream, limit)
+        assert got == expected
+        assert child.line_stats.cut == cut
+
+    check()
