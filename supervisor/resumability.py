@@ -47,6 +47,7 @@ _RESUME_LINE = re.compile(
     """)
 _STEP_WORD = re.compile(r"(?i)steps?|\d+|iter(?:ation)?s?|epoch")
 _HINT = re.compile(r"(?i)checkpoint|ckpt|resum|sav")
+MENTIONS_CHECKPOINTS = _HINT  # no line without it is a save line or a resume line (a prefilter for many lines at once)
 _FILE_LIKE = re.compile(r"(?i)\.(?:pt|pth|ckpt|bin|safetensors|pkl|tar|npz|h5)$|^(?:checkpoint[-_]?\d+|"
                         r"global_step\d+|step[-_=]?\d+|iter[-_]?\d+|epoch[-_=]?\d+.*|last)$")
 

@@ -157,8 +157,7 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
 def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> int:
     """Analyse up to LINES_PER_TICK queued output lines; returns how many there were."""
     lines = child.drain_lines(LINES_PER_TICK)
-    for line in lines:
-        resumable.observe_line(ctx, state, line)
+    resumable.observe_lines(ctx, state, lines)
     for match in matches_worth_observing(lines, w.extractor.match, first_step_seen=state.first_step is not None):
         if match.progress_only:
             if w.progress.observe_counter(match.value, now):  # activity, not the global step

@@ -16,7 +16,9 @@ from typing import Any
 
 from ..checkpoints.naming import step_from_name
 from ..events import Ev
-from ..resumability import NO_SAVE_WARN_S, ResumeFacts, judge_resumability, resume_line, save_line_path
+from ..resumability import (
+    MENTIONS_CHECKPOINTS, NO_SAVE_WARN_S, ResumeFacts, judge_resumability, resume_line, save_line_path,
+)
 from .attempt import AttemptState
 from .context import RunContext
 
@@ -29,6 +31,14 @@ def inside(path: str | Path, directory: str | Path) -> bool:
     """Is ``path`` the directory or under it (by name: no symlink is followed)?"""
     p, d = Path(os.path.normpath(path)), Path(os.path.normpath(directory))
     return p == d or d in p.parents
+
+
+def observe_lines(ctx: RunContext, state: AttemptState, lines: list[str]) -> None:
+    """:func:`observe_line` for each line, in order. A tick's lines that never mention a checkpoint
+    (the usual burst of step lines) cost one search of their joined text, not one per line."""
+    if lines and MENTIONS_CHECKPOINTS.search("\n".join(lines)):
+        for line in lines:
+            observe_line(ctx, state, line)
 
 
 def observe_line(ctx: RunContext, state: AttemptState, line: str) -> None:
