@@ -27,12 +27,14 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from .config import NodesConfig
+from .private import OWNER_ONLY, append_fd
+from .redact import redact_text
 
 log = logging.getLogger("supervisor.nodes")
 
@@ -149,6 +151,8 @@ class NodeLedger:
 
     def append(self, record: NodeRecord) -> bool:
         """Write one record; True when it landed. Never raises (the ledger is advice)."""
+        record = replace(record, detail=redact_text(record.detail) if record.detail else record.detail,
+                         label=redact_text(record.label) if record.label else record.label)
         data = (record.to_json() + "\n").encode("utf-8", "backslashreplace")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -192,7 +196,7 @@ class NodeLedger:
 
     def _write(self, data: bytes) -> bool:
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = append_fd(self.path, OWNER_ONLY)  # per user, and tightened when it pre-exists wider
         except OSError as exc:
             log.warning("node ledger %s: cannot open it (%s)", self.path, exc.strerror or exc)
             return False

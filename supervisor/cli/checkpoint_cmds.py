@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from ..errors import ExitCode, UsageError
+from ..textsafe import printable
 from .common import echo_json, handle_errors
 
 
@@ -79,7 +80,7 @@ def _size(n: int) -> str:
 def _row(report: Any) -> str:
     step = "-" if report.step is None else str(report.step)
     return (f"{report.verdict.value:<12} {report.format:<19} L{report.level}  {_size(report.size):>9}  "
-            f"step {step:<8} {report.path}\n    {report.reason}")
+            f"step {step:<8} {printable(report.path)}\n    {printable(report.reason)}")
 
 
 @click.command("verify")
@@ -151,22 +152,22 @@ def resume_point(ckpt_dir: str, quarantine: bool, deep: bool, tag: str | None, s
 
 def _print_resume(result: Any) -> None:
     if result.reports:
-        click.echo(f"candidates in {result.ckpt_dir} (newest first by step):")
+        click.echo(f"candidates in {printable(result.ckpt_dir)} (newest first by step):")
         for report in result.reports:
             step = "-" if report.step is None else str(report.step)
-            click.echo(f"  {report.verdict.value:<12} step {step:<8} L{report.level}  {report.name}\n"
-                       f"      {report.reason}")
+            click.echo(f"  {report.verdict.value:<12} step {step:<8} L{report.level}  {printable(report.name)}\n"
+                       f"      {printable(report.reason)}")
     if result.found:
         step = result.step if result.step is not None else "unknown"
-        click.echo(f"resume point: {result.path} (step {step})\n  reason: {result.reason}")
+        click.echo(f"resume point: {printable(result.path)} (step {step})\n  reason: {printable(result.reason)}")
     else:
-        click.echo(f"resume point: none: {result.reason} in {result.ckpt_dir}")
+        click.echo(f"resume point: none: {printable(result.reason)} in {printable(result.ckpt_dir)}")
     for record in result.quarantined:
         if record.ok:
-            note = f" ({record.error})" if record.error else ""
-            click.echo(f"quarantined: {record.path} -> {record.dest}{note}")
+            note = f" ({printable(record.error)})" if record.error else ""
+            click.echo(f"quarantined: {printable(record.path)} -> {printable(record.dest)}{note}")
         else:
-            click.echo(f"quarantine failed: {record.path}: {record.error}", err=True)
+            click.echo(f"quarantine failed: {printable(record.path)}: {printable(record.error)}", err=True)
 
 
 def register(group: click.Group) -> None:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from ..errors import ExitCode, SupervisorError
+from ..textsafe import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("supervisor")
@@ -28,8 +29,9 @@ def setup_logging(verbose: int) -> None:
 
 
 def fail(message: str, code: int = ExitCode.USAGE) -> None:
-    """One line on stderr naming the problem, then exit with a documented code."""
-    click.echo(f"supervise: error: {message}", err=True)
+    """One line on stderr naming the problem, then exit with a documented code. The message is
+    escaped: a path or name in it with a newline or ESC can neither forge a line nor drive the terminal."""
+    click.echo(f"supervise: error: {printable(message)}", err=True)
     sys.exit(code)
 
 

@@ -1,0 +1,192 @@
+"""Credentials out of everything the supervisor persists or sends. STDLIB ONLY, pure.
+
+The training's command line, its environment, its output and the user's config can all carry a
+credential: ``--api-key X``, ``WANDB_API_KEY=X``, a webhook URL with its secret path, a library
+printing ``Authorization: Bearer ...`` in a failure line. Every writer (manifests, the event log,
+the node ledger, notifications, reports) passes what it writes through this module first, so a
+file readable by the group, or a payload sent to a chat, never holds one.
+
+Three entry points:
+
+* :func:`redact_argv` for an argument vector: the value of an option named like a credential
+  (``--api-key X``, ``--api-key=X``, hydra's ``wandb.api_key=X``, ``HF_TOKEN=X``), then
+  :func:`redact_text` on every argument;
+* :func:`redact_text` for free text: URL passwords, token query parameters, webhook secret paths,
+  common token shapes (GitHub, Slack, AWS, Hugging Face, OpenAI, JWT, Bearer, private key blocks)
+  and values after credential-like words (``api_key: ...``, ``--token ...``);
+* :func:`redact_value` for nested data (a manifest, a payload): values under credential-like keys
+  are replaced, ``argv`` lists go through :func:`redact_argv`, every other string through
+  :func:`redact_text`.
+
+Redaction replaces the secret with :data:`REDACTED` and keeps the name, so a reader still sees
+*that* a key was given. It is a heuristic: an unknown token printed without a telling name is not
+found, which is why the files that hold raw output (attempt logs) are readable by the owner alone
+(docs/security.md).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["REDACTED", "is_secret_name", "redact_argv", "redact_env", "redact_text", "redact_value"]
+
+REDACTED = "[REDACTED]"
+
+# Words that make a name a credential's name, matched against the name's parts (split at "-",
+# "_", "." and camelCase), so "author" or "tokenizer" never match and "HF_TOKEN" does.
+_SECRET_PARTS = frozenset({
+    "key", "apikey", "token", "secret", "password", "passwd", "pwd", "passphrase", "auth", "credential",
+    "credentials", "signature", "sig", "cookie", "authorization", "bearer",
+})
+# Whole names written as one word.
+_SECRET_JOINED = ("apikey", "authtoken", "accesstoken", "secretkey", "accesskey", "privatekey", "clientsecret",
+                  "apitoken", "hftoken", "wandbkey", "refreshtoken", "sessiontoken", "authkey")
+# Parts that make a "key" or "token" name harmless: a metric to monitor, a tokenizer's special tokens.
+_HARMLESS_PARTS = frozenset({
+    "monitor", "sort", "metric", "size", "length", "len", "count", "num", "max", "min", "pad", "bos", "eos",
+    "unk", "sep", "cls", "mask", "special", "vocab", "frame", "per", "tokens", "primary", "foreign", "dict",
+})
+_NAME_PART = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+
+
+def is_secret_name(name: str) -> bool:
+    """``--api-key``, ``wandb.api_key``, ``WANDB_API_KEY``, ``hfToken``: the name of a credential."""
+    bare = name.lstrip("-").strip()
+    if not bare or len(bare) > 200:
+        return False
+    parts = [p.lower() for p in _NAME_PART.findall(bare)]
+    if not parts:
+        return False
+    if any(p in _HARMLESS_PARTS for p in parts):
+        return False
+    if any(p in _SECRET_PARTS for p in parts):
+        return True
+    joined = "".join(parts)
+    return joined.endswith(_SECRET_JOINED)
+
+
+# ---------------------------------------------------------------------------------------------
+# Free text
+
+_TEXT_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    # Private key blocks, to their END line or to the end of the text.
+    (re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----[\s\S]*?(?:-----END \1PRIVATE KEY-----|\Z)"),
+     f"-----BEGIN \\1PRIVATE KEY-----{REDACTED}"),
+    # user:password@ in a URL (the user name is kept).
+    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]{0,20}://[^\s/@:?#]*:)[^\s/@?#]+@"), f"\\1{REDACTED}@"),
+    # Webhook URLs whose path is the secret.
+    (re.compile(r"(hooks\.slack\.com/(?:services|workflows|triggers)/)[^\s\"'<>?#]+", re.I), f"\\1{REDACTED}"),
+    (re.compile(r"(discord(?:app)?\.com/api/webhooks/)[^\s\"'<>?#]+", re.I), f"\\1{REDACTED}"),
+    (re.compile(r"(\.office\.com/webhook[a-z0-9]*/)[^\s\"'<>?#]+", re.I), f"\\1{REDACTED}"),
+    # Query parameters that carry a credential (?token=, access_token=, sig=, X-Amz-Signature=...).
+    (re.compile(r"([?&;](?:[A-Za-z0-9_.-]*(?:token|key|secret|passw(?:or)?d|auth|credential|signature)"
+                r"[A-Za-z0-9_.-]*|sig|code)=)[^&#\s\"'<>]+", re.I), f"\\1{REDACTED}"),
+    # Token shapes.
+    (re.compile(r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}"), REDACTED),
+    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
+    (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), REDACTED),
+    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), REDACTED),
+    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), REDACTED),
+    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), REDACTED),
+    (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"), REDACTED),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]*"), REDACTED),
+    # Authorization headers and Bearer tokens.
+    (re.compile(r"(\b(?:Bearer|Basic|Token)\s+)[A-Za-z0-9._~+/=-]{8,}"), f"\\1{REDACTED}"),
+    (re.compile(r"(\b(?:proxy-)?authorization\s*[:=]\s*)(?![A-Za-z]+\s+\[REDACTED\])[^\s,;\"']+(?:\s+[^\s,;\"']+)?",
+                re.I), f"\\1{REDACTED}"),
+    # --api-key VALUE / --token=VALUE on a printed command line.
+    (re.compile(r"((?<![\w-])--?[A-Za-z0-9_.-]*(?:key|token|secret|passw(?:or)?d|pwd|auth|credentials?)"
+                r"(?:[=\s]+))(?!-)(?!\[REDACTED\])[^\s\"',;]+", re.I), f"\\1{REDACTED}"),
+    # api_key: VALUE, WANDB_API_KEY=VALUE, "password": "VALUE" (a 40-hex W&B key included).
+    (re.compile(r"(\b[A-Za-z0-9_.-]*(?:api[_-]?key|apikey|access[_-]?key|secret[_-]?key|private[_-]?key|auth[_-]?key"
+                r"|token|secret|password|passwd|passphrase|credentials?)[\"']?\s*[:=]\s*[\"']?)"
+                r"(?!\[REDACTED\])[^\s\"',;}]{4,}", re.I), f"\\1{REDACTED}"),
+)
+# Cheap test first: most lines hold none of these, and then no rule can match.
+_MAYBE = re.compile(r"://|-----BEGIN|hooks\.|webhook|[?&;]|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|xox|AKIA|ASIA"
+                    r"|hf_|sk-|eyJ|Bearer|Basic|Token|key|token|secret|passw|pwd|auth|credential|sig", re.I)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with every credential this module recognises replaced by :data:`REDACTED`."""
+    if not text or not _MAYBE.search(text):
+        return text
+    for pattern, replacement in _TEXT_RULES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument vectors, environments, nested data
+
+_ASSIGNMENT = re.compile(r"^\+{0,2}~?([A-Za-z_][A-Za-z0-9_.\-/]*)=")
+
+
+def redact_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the values of credential options hidden: ``--api-key X`` (X hidden unless it is
+    itself an option), ``--api-key=X``, ``wandb.api_key=X`` (hydra), ``WANDB_API_KEY=X`` (``env``)."""
+    out: list[str] = []
+    hide_next = False
+    for raw in argv:
+        arg = str(raw)
+        if hide_next:
+            hide_next = False
+            if arg and not arg.startswith("-"):
+                out.append(REDACTED)
+                continue
+        if arg.startswith("-") and len(arg) > 1:
+            name, eq, value = arg.partition("=")
+            if is_secret_name(name):
+                if eq:
+                    out.append(f"{name}={REDACTED}" if value else arg)
+                else:
+                    out.append(arg)
+                    hide_next = True
+                continue
+        else:
+            match = _ASSIGNMENT.match(arg)
+            if match and is_secret_name(match.group(1).replace("/", ".")) and len(arg) > match.end():
+                out.append(arg[:match.end()] + REDACTED)
+                continue
+        out.append(redact_text(arg))
+    return out
+
+
+def redact_env(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The environment with the values of credential-named variables replaced by :data:`REDACTED`
+    (names kept) and every other value through :func:`redact_text`. Returns (variables, the names
+    whose value was hidden)."""
+    out: dict[str, str] = {}
+    hidden: list[str] = []
+    for name in sorted(environ):
+        value = str(environ[name])
+        if is_secret_name(name) and value:
+            out[name] = REDACTED
+            hidden.append(name)
+        else:
+            cleaned = redact_text(value)
+            out[name] = cleaned
+            if cleaned != value:
+                hidden.append(name)
+    return out, hidden
+
+
+def redact_value(value: Any, key: str | None = None, _depth: int = 0) -> Any:
+    """A copy of nested data (dicts, lists, tuples, strings) with credentials hidden: strings under
+    a credential-named key replaced whole, ``argv`` lists as argument vectors, every other string
+    as text. Other values are returned as they are."""
+    if _depth > 50:
+        return value
+    if isinstance(value, str):
+        if key is not None and value and is_secret_name(key):
+            return REDACTED
+        return redact_text(value)
+    if isinstance(value, Mapping):
+        return {k: redact_value(v, str(k), _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        if key is not None and key.lower().endswith("argv") and all(isinstance(a, str) for a in value):
+            return redact_argv(value)
+        return [redact_value(v, None, _depth + 1) for v in value]
+    return value
