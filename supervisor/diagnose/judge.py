@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,9 @@ from .parse import (
     pick_traceback,
     sanitizer_api_errors,
 )
+from ..redact import redact_text
+from ..textsafe import printable
+from .environment import env_differences
 from .plan import DIAGNOSABLE, EXIT_LOCATED, EXIT_NOT_LOCATED, DiagnosisOutcome, DiagnosisPlan
 
 
@@ -73,6 +76,9 @@ class Diagnosis:
     argv: tuple[str, ...]
     redirected: tuple[str, ...]
     checkpoint_dir_changes: tuple[str, ...]
+    environment_source: str | None = None  # "recorded by attempt 1", or why this shell's was used
+    environment_differences: tuple[str, ...] = ()  # variables whose rerun value differs from the recording
+    redacted_args: tuple[str, ...] = ()  # the command's arguments recorded only as [REDACTED]
 
     @property
     def exit_code_for_cli(self) -> int:
@@ -96,6 +102,8 @@ class Diagnosis:
             "sanitizer_note": self.sanitizer_note, "scratch": self.scratch, "log": self.log_path,
             "argv": list(self.argv), "redirected": list(self.redirected),
             "checkpoint_dir_changes": list(self.checkpoint_dir_changes),
+            "environment_source": self.environment_source,
+            "environment_differences": list(self.environment_differences), "redacted_args": list(self.redacted_args),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,10 +115,11 @@ class Diagnosis:
 
 def judge_rerun(plan: DiagnosisPlan, result: RerunResult, *, sanitizer_note: str | None = None,
                 checkpoint_dir_changes: Sequence[str] = (), tools: Sequence[str] | None = None,
-                argv: Sequence[str] | None = None) -> Diagnosis:
+                argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Diagnosis:
     """Compare the rerun with the failure it was meant to reproduce, and say where it failed.
-    ``tools``/``argv``: what the judged run really ran with, when not the plan's (a plain rerun
-    after the sanitizer could not run)."""
+    ``tools``/``argv``/``env``: what the judged run really ran with, when not the plan's (a plain
+    rerun after the sanitizer could not run). The same failure class recurring is a reproduction
+    too (a segfault rerun with ``--attempt``), as is any GPU failure."""
     from ..failures import classify
 
     text = result.output
@@ -128,7 +137,7 @@ def judge_rerun(plan: DiagnosisPlan, result: RerunResult, *, sanitizer_note: str
     else:
         cls = classify(result.exit_code, result.signal, text, step_regex=plan.step_regex).cls
         rerun_class = cls.value
-        if cls in DIAGNOSABLE or findings:
+        if cls in DIAGNOSABLE or findings or (cls.value == failure.cls and cls is not FailureClass.COMPLETED):
             outcome = DiagnosisOutcome.REPRODUCED
         elif cls is FailureClass.COMPLETED:
             outcome = DiagnosisOutcome.NOT_REPRODUCED
@@ -160,7 +169,8 @@ def judge_rerun(plan: DiagnosisPlan, result: RerunResult, *, sanitizer_note: str
     elif outcome is DiagnosisOutcome.NOT_REPRODUCED:
         why = ("finished" if result.stopped_by is None else
                f"reached step {result.last_step}, past the failure step {failure.step}, and was stopped")
-        reason = (f"not reproduced: the rerun {start} {why} without a GPU failure ({ran}); an intermittent "
+        what = "a GPU failure" if failure.cls in {c.value for c in DIAGNOSABLE} else failure.cls
+        reason = (f"not reproduced: the rerun {start} {why} without {what} ({ran}); an intermittent "
                   "fault, or one that depends on state not in the checkpoint (a data order, another node)")
     elif outcome is DiagnosisOutcome.BOUND_REACHED:
         reason = (f"stopped at the time bound of {plan.max_seconds:.0f} s ({ran}, failure was at step "
@@ -168,6 +178,15 @@ def judge_rerun(plan: DiagnosisPlan, result: RerunResult, *, sanitizer_note: str
     else:
         reason = (f"the rerun {start} failed differently: {rerun_class} ({ran})"
                   + (": " + "; ".join(where) if where else ""))
+    renv = plan.environment
+    differences = env_differences(renv, env if env is not None else plan.env) if renv is not None else ()
+    if outcome in (DiagnosisOutcome.NOT_REPRODUCED, DiagnosisOutcome.FAILED_OTHERWISE) and renv is not None:
+        names = [d.partition(":")[0] for d in differences]
+        shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+        reason += (f"; the rerun's environment ({renv.source}) differs from the recording in: {shown}" if names
+                   else f"; the rerun's environment ({renv.source}) matches the recording")
+        if plan.redacted_args:
+            reason += f"; the command's {', '.join(plan.redacted_args)} were recorded redacted and rerun so"
     if checkpoint_dir_changes:
         reason += f"; WARNING: the run's checkpoint directory changed during the rerun ({len(checkpoint_dir_changes)})"
     return Diagnosis(
@@ -180,7 +199,9 @@ def judge_rerun(plan: DiagnosisPlan, result: RerunResult, *, sanitizer_note: str
         python_error=tb.error if tb else None, sanitizer_findings=findings[:5], kernel_asserts=asserts[:5],
         api_errors=tuple(sanitizer_api_errors(text)), tools=tuple(tools or plan.tools), sanitizer_note=sanitizer_note,
         scratch=plan.scratch, log_path=result.log_path, argv=tuple(argv or plan.argv), redirected=plan.redirected,
-        checkpoint_dir_changes=tuple(checkpoint_dir_changes))
+        checkpoint_dir_changes=tuple(checkpoint_dir_changes),
+        environment_source=renv.source if renv is not None else None, environment_differences=differences,
+        redacted_args=plan.redacted_args)
 
 
 def render(diag: Diagnosis) -> str:
@@ -195,6 +216,13 @@ def render(diag: Diagnosis) -> str:
         lines.append(f"  checkpoint argument redirected: {change}")
     if diag.sanitizer_note:
         lines.append(f"  sanitizer: {diag.sanitizer_note}")
+    if diag.environment_source:
+        lines.append(f"environment: {diag.environment_source}"
+                     + (f"; differs from the recording in {len(diag.environment_differences)} variable(s):"
+                        if diag.environment_differences else "; as recorded"))
+        lines.extend(f"  {d}" for d in diag.environment_differences[:12])
+    if diag.redacted_args:
+        lines.append(f"  recorded redacted, rerun with the placeholder: {', '.join(diag.redacted_args)}")
     took = f"{diag.duration:.1f} s"
     status = f"exit {diag.exit_code}" if diag.exit_code is not None else (
         f"signal {diag.signal}" if diag.signal is not None else "no exit status")
@@ -220,4 +248,5 @@ def render(diag: Diagnosis) -> str:
         lines.append(f"WARNING checkpoint directory changed: {change}")
     lines.append(f"log: {diag.log_path}")
     lines.append(("located: " if diag.located else "not located: ") + diag.reason)
-    return "\n".join(lines)
+    # Output of the rerun and names from the run: shown, never obeyed (no escape sequence, no forged line).
+    return "\n".join(printable(redact_text(line)) for line in lines)

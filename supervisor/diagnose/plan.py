@@ -14,8 +14,10 @@ from ..config import SupervisorConfig
 from ..errors import UsageError
 from ..events import Event
 from ..paths import RunPaths
+from ..redact import REDACTED
 from ..run.layout import RunLayout, child_plan
 from ..states import FailureClass
+from .environment import DROPPED_ENV, RerunEnvironment, rerun_environment
 
 
 DIAGNOSIS_EVENT = "diagnosis"
@@ -29,9 +31,6 @@ SANITIZER = "compute-sanitizer"
 SANITIZER_ARGS = ("--tool", "memcheck", "--print-limit", "20")
 SANITIZER_SHARE = 2 / 3  # of --max-seconds for the sanitizer run; the rest for a plain rerun if it is too slow
 
-# Variables the rerun must not inherit: the control channel of a live run, its process marker.
-_DROPPED_ENV = ("SUPERVISOR_CONTROL", "SUPERVISOR_KEY", "SUPERVISOR_TOKEN", "SUPERVISOR_PROCESS_TREE",
-                "SUPERVISOR_CONTROL_HOST")
 
 EXIT_LOCATED = 0
 EXIT_NOT_LOCATED = 1
@@ -191,13 +190,16 @@ class DiagnosisPlan:
     tools: tuple[str, ...]
     redirected: tuple[str, ...]
     step_regex: str | None
+    environment: RerunEnvironment | None = None  # where env came from (None: built by hand, as in tests)
+    redacted_args: tuple[str, ...] = ()  # arguments whose value the record holds only as [REDACTED]
 
 
 def plan_diagnosis(events: Sequence[Event], failure: FailureToDiagnose, *, checkpoint: CheckpointCandidate | None,
                    checkpoint_reason: str, manifest: Mapping[str, Any] | None, environ: Mapping[str, str],
                    scratch: str, cwd: str | None, max_seconds: float, max_steps: int | None,
-                   sanitizer: str | None) -> DiagnosisPlan:
-    """The rerun of ``failure`` from ``checkpoint``: command, environment, bounds (pure)."""
+                   sanitizer: str | None, env_overrides: Mapping[str, str] | None = None) -> DiagnosisPlan:
+    """The rerun of ``failure`` from ``checkpoint``: command, environment (the attempt's recorded
+    one, see :mod:`.environment`; ``env_overrides`` on top), bounds (pure)."""
     run_start = latest(events, "run_start")
     if run_start is None or not isinstance(run_start.get("argv"), list) or not run_start.get("argv"):
         raise UsageError("the event log has no run_start with the command; cannot rerun the training")
@@ -220,13 +222,11 @@ def plan_diagnosis(events: Sequence[Event], failure: FailureToDiagnose, *, check
                                                        keep=[resume_path] if resume_path else [], cwd=run_cwd)
     env_items = config.get("resume_env")
     resume_env = tuple(str(x) for x in env_items) if isinstance(env_items, (list, tuple)) else ()
-    plan = child_plan(SupervisorConfig(resume_arg=resume_arg, resume_env=resume_env), command, environ, layout,
+    renv = rerun_environment(manifest, environ, env_overrides)
+    plan = child_plan(SupervisorConfig(resume_arg=resume_arg, resume_env=resume_env), command, renv.env, layout,
                       attempt=failure.attempt,
                       resume_path=resume_path, resume_step=resume_step, control_address="", control_key="")
-    env = {k: v for k, v in plan.env.items() if k not in _DROPPED_ENV}
-    determinism = (manifest or {}).get("determinism")
-    if isinstance(determinism, Mapping):  # what the failed attempt ran with (CUDA_VISIBLE_DEVICES, NCCL_*...)
-        env.update({str(k): str(v) for k, v in determinism.items() if isinstance(v, str)})
+    env = {k: v for k, v in plan.env.items() if k not in DROPPED_ENV}
     env["CUDA_LAUNCH_BLOCKING"] = "1"
     tools = ["CUDA_LAUNCH_BLOCKING=1"]
     argv = list(plan.argv)
@@ -248,4 +248,6 @@ def plan_diagnosis(events: Sequence[Event], failure: FailureToDiagnose, *, check
         argv=tuple(argv), command=tuple(plan.argv), env=env,
         cwd=run_cwd, scratch=scratch,
         ckpt_dir=ckpt_dir, max_seconds=max_seconds, stop_at_step=stop_at, sanitizer=sanitizer, tools=tuple(tools),
-        redirected=tuple(redirected), step_regex=step_regex)
+        redirected=tuple(redirected), step_regex=step_regex, environment=renv,
+        redacted_args=tuple(a if a != REDACTED or i == 0 else command[i - 1]
+                            for i, a in enumerate(command) if REDACTED in a))

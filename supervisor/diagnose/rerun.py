@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import UsageError
 from ..events import EventLog, read_events
 from ..paths import RunPaths
+from ..private import OWNER_ONLY, append_fd
 from ..progress import StepExtractor
 from .judge import Diagnosis, RerunResult, judge_rerun
 from .parse import parse_sanitizer, sanitizer_refused
@@ -121,7 +122,7 @@ def run_bounded(argv: Sequence[str], env: Mapping[str, str], cwd: str, log_path:
 
     def reader() -> None:
         assert proc.stdout is not None
-        with open(log_path, "ab") as log:
+        with open(append_fd(log_path, OWNER_ONLY), "ab") as log:  # raw output: its owner alone
             for raw in proc.stdout:
                 log.write(raw)
                 line = raw.decode("utf-8", "replace").rstrip("\n")
@@ -196,7 +197,8 @@ def _read_manifest(paths: RunPaths, attempt: int) -> dict[str, Any] | None:
 def diagnose(run_dir: Path, *, attempt: int | None = None, max_seconds: float = DEFAULT_MAX_SECONDS,
              max_steps: int | None = None, scratch: Path | None = None, sanitizer: str = "auto",
              cwd: str | None = None, environ: Mapping[str, str] | None = None, record: bool = True,
-             dry_run: bool = False) -> tuple[DiagnosisPlan, Diagnosis | None]:
+             dry_run: bool = False, env_overrides: Mapping[str, str] | None = None
+             ) -> tuple[DiagnosisPlan, Diagnosis | None]:
     """Plan and run the diagnosis of ``run_dir``; append the ``diagnosis`` event unless ``record``
     is False. ``dry_run``: plan only. Raises :class:`UsageError` for what a person must fix."""
     environ = dict(os.environ if environ is None else environ)
@@ -222,7 +224,8 @@ def diagnose(run_dir: Path, *, attempt: int | None = None, max_seconds: float = 
     tool = find_sanitizer(sanitizer, environ)
     plan = plan_diagnosis(events, failure, checkpoint=candidate, checkpoint_reason=why,
                           manifest=_read_manifest(paths, failure.attempt), environ=environ, scratch=str(scratch),
-                          cwd=cwd, max_seconds=max_seconds, max_steps=max_steps, sanitizer=tool)
+                          cwd=cwd, max_seconds=max_seconds, max_steps=max_steps, sanitizer=tool,
+                          env_overrides=env_overrides)
     if dry_run:
         return plan, None
     (scratch / "checkpoints").mkdir(parents=True, exist_ok=True)
@@ -234,6 +237,7 @@ def diagnose(run_dir: Path, *, attempt: int | None = None, max_seconds: float = 
     note = None
     tools = list(plan.tools)
     ran = list(plan.argv)
+    ran_env: Mapping[str, str] = plan.env
     if tool and result.started and not parse_sanitizer(result.output):
         refused = sanitizer_refused(result.output)
         if refused and result.last_step is None:
@@ -248,9 +252,10 @@ def diagnose(run_dir: Path, *, attempt: int | None = None, max_seconds: float = 
             env = {k: v for k, v in plan.env.items() if k != "PYTORCH_NO_CUDA_MEMORY_CACHING"}
             result = run_bounded(plain_argv, env, plan.cwd, scratch / "supervisor" / "diagnose-plain.log",
                                  max_seconds=remaining, stop_at_step=plan.stop_at_step, step_regex=plan.step_regex)
-            tools, ran = ["CUDA_LAUNCH_BLOCKING=1"], list(plain_argv)
+            tools, ran, ran_env = ["CUDA_LAUNCH_BLOCKING=1"], list(plain_argv), env
     changes = dir_changes(before, snapshot_dir(ckpt_dir)) if ckpt_dir else []
-    diag = judge_rerun(plan, result, sanitizer_note=note, checkpoint_dir_changes=changes, tools=tools, argv=ran)
+    diag = judge_rerun(plan, result, sanitizer_note=note, checkpoint_dir_changes=changes, tools=tools, argv=ran,
+                       env=ran_env)
     if record:
         log = EventLog(paths.events)
         try:
