@@ -161,7 +161,7 @@ class NodeLedger:
             return False
         from filelock import FileLock, Timeout
 
-        lock = FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT)
+        lock = FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT, mode=OWNER_ONLY)
         try:
             with lock:
                 self._rotate_if_full(len(data))

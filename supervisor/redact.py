@@ -48,13 +48,14 @@ _HARMLESS_PARTS = frozenset({
     "monitor", "sort", "metric", "size", "length", "len", "count", "num", "max", "min", "pad", "bos", "eos",
     "unk", "sep", "cls", "mask", "special", "vocab", "frame", "per", "tokens", "primary", "foreign", "dict",
 })
+_NOT_SECRETS = frozenset({"PWD", "OLDPWD"})  # the shell's working directories
 _NAME_PART = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 
 
 def is_secret_name(name: str) -> bool:
     """``--api-key``, ``wandb.api_key``, ``WANDB_API_KEY``, ``hfToken``: the name of a credential."""
     bare = name.lstrip("-").strip()
-    if not bare or len(bare) > 200:
+    if not bare or len(bare) > 200 or bare.upper() in _NOT_SECRETS:
         return False
     parts = [p.lower() for p in _NAME_PART.findall(bare)]
     if not parts:

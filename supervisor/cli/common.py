@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from ..errors import ExitCode, SupervisorError
+from ..redact import redact_text
 from ..textsafe import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -22,10 +23,21 @@ def setup_logging(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2) if verbose else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[supervise %(asctime)s] %(message)s", "%H:%M:%S"))
+    handler.addFilter(_redact_record)  # stderr lands in Slurm's output file, often readable by all
     root = logging.getLogger("supervisor")
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+def _redact_record(record: logging.LogRecord) -> bool:
+    """A log line says the command it started, the failure it saw: credentials out, controls escaped."""
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a bad format string is logging's problem to report, not ours
+        return True
+    record.msg, record.args = printable(redact_text(message)), None
+    return True
 
 
 def fail(message: str, code: int = ExitCode.USAGE) -> None:
