@@ -33,7 +33,8 @@ LEAF_MODULES = {
     "supervisor.checkpoints.naming", "supervisor.checkpoints.formats", "supervisor.checkpoints.outcome",
     "supervisor.checkpoints.limits", "supervisor.checkpoints.allowlist", "supervisor.slurm.env",
     "supervisor.slurm.parse", "supervisor.client", "supervisor.determinism", "supervisor.checkpoints.atomic",
-    "supervisor.sharded", "supervisor.commit_marker",
+    "supervisor.sharded", "supervisor.commit_marker", "supervisor.redact", "supervisor.textsafe",
+    "supervisor.private",
 }
 DECISION_MODULES = {
     "supervisor.config",  # the policy and budget tables the decisions are parameterised by
