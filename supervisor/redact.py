@@ -71,51 +71,83 @@ def is_secret_name(name: str) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Free text
 
-_TEXT_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+_SECRET_WORD_END = re.compile(r"(?:api[_-]?key|apikey|access[_-]?key|secret[_-]?key|private[_-]?key|auth[_-]?key"
+                              r"|token|secret|password|passwd|passphrase|credentials?)$", re.I)
+
+
+class _NamedValues:
+    """Hide the value after each ``NAME<sep>`` whose NAME passes ``is_secret``. The pattern matches
+    the name and the separator and only looks ahead at the value (group 3), so a name that is not a
+    credential's never swallows the next one (``wandb: api_key: KEY``)."""
+
+    def __init__(self, pattern: re.Pattern[str], is_secret: Any) -> None:
+        self.pattern, self.is_secret = pattern, is_secret
+
+    def sub(self, _unused: Any, text: str) -> str:
+        out: list[str] = []
+        last = 0
+        for match in self.pattern.finditer(text):
+            start, end = match.span(3)
+            if start < last or match.group(3).startswith(REDACTED) or not self.is_secret(match.group(1)):
+                continue
+            out += [text[last:start], REDACTED]
+            last = end
+        return "".join(out) + text[last:] if out else text
+
+
+# (hints, pattern, replacement): a rule runs only when one of its hints is in the lowered text, so an
+# ordinary output line costs a few substring searches. Every pattern is linear in the line's length.
+_Rule = tuple[tuple[str, ...], Any, Any]  # (hints, a compiled pattern or _NamedValues, replacement)
+_TEXT_RULES: tuple[_Rule, ...] = (
     # Private key blocks, to their END line or to the end of the text.
-    (re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----[\s\S]*?(?:-----END \1PRIVATE KEY-----|\Z)"),
+    (("private key-----",), re.compile(r"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY-----[\s\S]*?"
+                                       r"(?:-----END \1PRIVATE KEY-----|\Z)"),
      f"-----BEGIN \\1PRIVATE KEY-----{REDACTED}"),
-    # user:password@ in a URL (the user name is kept).
-    (re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]{0,20}://[^\s/@:?#]*:)[^\s/@?#]+@"), f"\\1{REDACTED}@"),
+    # user:password@ in a URL (the user is kept).
+    (("://",), re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]{0,20}://[^\s/@:?#]*:)[^\s/@?#]+@"), f"\\1{REDACTED}@"),
     # Webhook URLs whose path is the secret.
-    (re.compile(r"(hooks\.slack\.com/(?:services|workflows|triggers)/)[^\s\"'<>?#]+", re.I), f"\\1{REDACTED}"),
-    (re.compile(r"(discord(?:app)?\.com/api/webhooks/)[^\s\"'<>?#]+", re.I), f"\\1{REDACTED}"),
-    (re.compile(r"(\.office\.com/webhook[a-z0-9]*/)[^\s\"'<>?#]+", re.I), f"\\1{REDACTED}"),
+    (("hooks.slack.com/",), re.compile(r"(hooks\.slack\.com/(?:services|workflows|triggers)/)[^\s\"'<>?#]+", re.I),
+     f"\\1{REDACTED}"),
+    (("/api/webhooks/",), re.compile(r"(discord(?:app)?\.com/api/webhooks/)[^\s\"'<>?#]+", re.I), f"\\1{REDACTED}"),
+    ((".office.com/webhook",), re.compile(r"(\.office\.com/webhook[a-z0-9]*/)[^\s\"'<>?#]+", re.I), f"\\1{REDACTED}"),
     # Query parameters that carry a credential (?token=, access_token=, sig=, X-Amz-Signature=...).
-    (re.compile(r"([?&;](?:[A-Za-z0-9_.-]*(?:token|key|secret|passw(?:or)?d|auth|credential|signature)"
-                r"[A-Za-z0-9_.-]*|sig|code)=)[^&#\s\"'<>]+", re.I), f"\\1{REDACTED}"),
+    (("?", "&", ";"), re.compile(r"([?&;](?:[A-Za-z0-9_.-]*(?:token|key|secret|passw(?:or)?d|auth|credential|signature)"
+                                 r"[A-Za-z0-9_.-]*|sig|code)=)[^&#\s\"'<>]+", re.I), f"\\1{REDACTED}"),
     # Token shapes.
-    (re.compile(r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}"), REDACTED),
-    (re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
-    (re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), REDACTED),
-    (re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), REDACTED),
-    (re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), REDACTED),
-    (re.compile(r"\bhf_[A-Za-z0-9]{30,}"), REDACTED),
-    (re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"), REDACTED),
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]*"), REDACTED),
+    (("ghp_", "gho_", "ghu_", "ghs_", "ghr_"), re.compile(r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{20,}"), REDACTED),
+    (("github_pat_",), re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"), REDACTED),
+    (("glpat-",), re.compile(r"\bglpat-[A-Za-z0-9_-]{20,}"), REDACTED),
+    (("xox",), re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"), REDACTED),
+    (("akia", "asia"), re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"), REDACTED),
+    (("hf_",), re.compile(r"\bhf_[A-Za-z0-9]{30,}"), REDACTED),
+    (("sk-",), re.compile(r"\bsk-[A-Za-z0-9_-]{20,}"), REDACTED),
+    (("eyj",), re.compile(r"\beyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]*"), REDACTED),
     # Authorization headers and Bearer tokens.
-    (re.compile(r"(\b(?:Bearer|Basic|Token)\s+)[A-Za-z0-9._~+/=-]{8,}"), f"\\1{REDACTED}"),
-    (re.compile(r"(\b(?:proxy-)?authorization\s*[:=]\s*)(?![A-Za-z]+\s+\[REDACTED\])[^\s,;\"']+(?:\s+[^\s,;\"']+)?",
-                re.I), f"\\1{REDACTED}"),
+    (("bearer", "basic ", "token "), re.compile(r"(\b(?:Bearer|Basic|Token)\s+)[A-Za-z0-9._~+/=-]{8,}"),
+     f"\\1{REDACTED}"),
+    (("authorization",), re.compile(r"(\b(?:proxy-)?authorization\s*[:=]\s*)(?![A-Za-z]+\s+\[REDACTED\])"
+                                    r"[^\s,;\"']+(?:\s+[^\s,;\"']+)?", re.I), f"\\1{REDACTED}"),
     # --api-key VALUE / --token=VALUE on a printed command line.
-    (re.compile(r"((?<![\w-])--?[A-Za-z0-9_.-]*(?:key|token|secret|passw(?:or)?d|pwd|auth|credentials?)"
-                r"(?:[=\s]+))(?!-)(?!\[REDACTED\])[^\s\"',;]+", re.I), f"\\1{REDACTED}"),
+    (("--",), _NamedValues(re.compile(r"(?<![\w-])(--?[A-Za-z0-9_.-]{1,100})([=\s]+)(?=(?!-)([^\s\"',;]+))"),
+                          is_secret_name), None),
     # api_key: VALUE, WANDB_API_KEY=VALUE, "password": "VALUE" (a 40-hex W&B key included).
-    (re.compile(r"(\b[A-Za-z0-9_.-]*(?:api[_-]?key|apikey|access[_-]?key|secret[_-]?key|private[_-]?key|auth[_-]?key"
-                r"|token|secret|password|passwd|passphrase|credentials?)[\"']?\s*[:=]\s*[\"']?)"
-                r"(?!\[REDACTED\])[^\s\"',;}]{4,}", re.I), f"\\1{REDACTED}"),
+    (("key:", "key=", "key\"", "key'", "key ", "token", "secret", "passw", "passphrase", "credential"),
+     _NamedValues(re.compile(r"(?<![A-Za-z0-9_.-])([A-Za-z0-9_.-]{2,100})([\"']?\s*[:=]\s*[\"']?)"
+                             r"(?=([^\s\"',;}]{4,}))"), _SECRET_WORD_END.search), None),
 )
-# Cheap test first: most lines hold none of these, and then no rule can match.
-_MAYBE = re.compile(r"://|-----BEGIN|hooks\.|webhook|[?&;]|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|xox|AKIA|ASIA"
-                    r"|hf_|sk-|eyJ|Bearer|Basic|Token|key|token|secret|passw|pwd|auth|credential|sig", re.I)
 
 
 def redact_text(text: str) -> str:
     """``text`` with every credential this module recognises replaced by :data:`REDACTED`."""
-    if not text or not _MAYBE.search(text):
+    if not text:
         return text
-    for pattern, replacement in _TEXT_RULES:
-        text = pattern.sub(replacement, text)
+    low = text.lower()
+    for hints, pattern, replacement in _TEXT_RULES:
+        for hint in hints:
+            if hint in low:
+                text = pattern.sub(replacement, text)
+                low = text.lower()
+                break
     return text
 
 
