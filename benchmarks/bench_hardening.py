@@ -102,8 +102,8 @@ def main() -> None:
         fields = {"attempt": 1, "step": 1200, "path": "/scratch/run/checkpoints/step-1200.pt", "ok": True}
         t = time.perf_counter()
         for _ in range(5000):
-            log.emit("save_end", **fields)
-        print(f"| EventLog.emit (save_end, not durable), redaction included | "
+            log.emit("save_begin", **fields)
+        print(f"| EventLog.emit (save_begin: not fsynced), redaction included | "
               f"{(time.perf_counter() - t) / 5000 * 1e6:.1f} µs |")
         log.close()
 
