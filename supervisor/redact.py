@@ -206,6 +206,13 @@ def redact_env(environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     return out, hidden
 
 
+# Fields holding a file system path (``path``, ``resume_path``, ``checkpoint_dir``, ``removed_temp_paths``...):
+# the run reads them back to resume, so only a URL password is taken out of them, never a "token=" lookalike
+# in a directory name.
+_PATH_KEYS = ("path", "paths", "dir", "dirs", "dest", "file", "files", "checkpoint", "cwd", "log", "scratch")
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]{0,20}://[^\s/@:?#]*:)[^\s/@?#]+@")
+
+
 def redact_value(value: Any, key: str | None = None, _depth: int = 0) -> Any:
     """A copy of nested data (dicts, lists, tuples, strings) with credentials hidden: strings under
     a credential-named key replaced whole, ``argv`` lists as argument vectors, every other string
@@ -215,11 +222,13 @@ def redact_value(value: Any, key: str | None = None, _depth: int = 0) -> Any:
     if isinstance(value, str):
         if key is not None and value and is_secret_name(key):
             return REDACTED
+        if key is not None and key.lower().endswith(_PATH_KEYS):
+            return _URL_PASSWORD.sub(f"\\1{REDACTED}@", value) if "://" in value else value
         return redact_text(value)
     if isinstance(value, Mapping):
         return {k: redact_value(v, str(k), _depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         if key is not None and key.lower().endswith("argv") and all(isinstance(a, str) for a in value):
             return redact_argv(value)
-        return [redact_value(v, None, _depth + 1) for v in value]
+        return [redact_value(v, key, _depth + 1) for v in value]
     return value
