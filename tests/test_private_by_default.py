@@ -242,4 +242,7 @@ def test_argv_env_and_nested_data() -> None:
     assert data == {"argv": ["x", "--token", REDACTED], "notify": {"url": f"https://h/x?token={REDACTED}",
                                                                      "api_key": REDACTED},
                     "steps": [1, 2], "ok": True}
+    # a path the run reads back to resume is never altered by a lookalike; a URL password still goes
+    assert redact_value({"path": "/ckpt/run-token=abc1234/step-1.pt", "checkpoint_dir": "s3://u:pw@bucket/x"}) == \
+        {"path": "/ckpt/run-token=abc1234/step-1.pt", "checkpoint_dir": f"s3://u:{REDACTED}@bucket/x"}
     assert is_secret_name("hfToken") and is_secret_name("--client-secret") and not is_secret_name("--author")
