@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import NodesConfig
-from .private import OWNER_ONLY, append_fd
+from .private import OWNER_ONLY, append_fd, tighten
 from .redact import redact_text
 
 log = logging.getLogger("supervisor.nodes")
@@ -220,6 +220,7 @@ class NodeLedger:
         for path in (self.rotated_path, self.path):
             try:
                 with open(path, "rb") as fh:
+                    _tighten_if_ours(fh.fileno())
                     for raw in fh:
                         rec = parse_record(raw.decode("utf-8", "replace"))
                         if rec is None:
@@ -232,6 +233,16 @@ class NodeLedger:
             records = records[-MAX_RECORDS:]
         records.sort(key=lambda r: r.ts)
         return LedgerRead(records, bad)
+
+
+def _tighten_if_ours(fd: int) -> None:
+    """A ledger an earlier version left readable by others becomes the owner's alone when it is
+    read too, not only at the next write (a run without failures writes nothing)."""
+    try:
+        if os.fstat(fd).st_uid == os.getuid():
+            tighten(fd, OWNER_ONLY)
+    except OSError:
+        pass
 
 
 def current_exclusions(ledger: NodeLedger, now: float, policy: NodesConfig,

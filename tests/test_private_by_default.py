@@ -27,6 +27,7 @@ import pytest
 
 from supervisor.lock import RunLock
 from supervisor.manifest import write_manifest
+from supervisor.nodes import NodeLedger
 from supervisor.private import GROUP_READ, OWNER_ONLY, append_fd, write_atomic
 from supervisor.redact import REDACTED, is_secret_name, redact_argv, redact_env, redact_text, redact_value
 from supervisor.resubmit import append_submission
@@ -182,6 +183,11 @@ def test_each_writer_sets_its_mode_and_only_ever_tightens(tmp_path: Path, umask0
     wide.chmod(0o666)
     os.close(append_fd(wide, OWNER_ONLY))
     assert mode(wide) == OWNER_ONLY
+    ledger = tmp_path / "nodes.jsonl"
+    ledger.write_text("")
+    ledger.chmod(0o644)
+    NodeLedger(ledger).read()  # a run without failures only reads it: tightened all the same
+    assert mode(ledger) == OWNER_ONLY
     narrow = tmp_path / "narrow.jsonl"
     narrow.write_text("")
     narrow.chmod(0o600)
