@@ -66,6 +66,22 @@ DEFAULT_STEP_PATTERNS: tuple[tuple[str, str, str], ...] = (
 )
 
 _EPOCH = re.compile(r"\bepochs?\b", _FLAGS)
+# A loop beside training: evaluation, validation, test, warm-up, sanity checks, generation. Its
+# counters ("eval step 3/50", "Warmup: step 0/2000", "Iter(val) [10/500]") are activity, not the
+# global step. The word counts when it names the counter (right before it, or before an "i/N"
+# counter on the same line); "step 2000: train loss 1.7, val loss 1.9" names the training step.
+_SIDE_WORDS = (r"eval(?:uation|uating|uate)?|valid(?:ation|ating)?|val|test(?:ing)?|warm[ -]?up|warming[ -]up"
+               r"|sanity(?:[ _-]check(?:ing)?)?|predict(?:ion|ing)?|inference|generat(?:ion|ing|e)|sampl(?:e|ing)"
+               r"|dev|calibrat(?:ion|ing)|profil(?:e|ing)|benchmark(?:ing)?")
+_SIDE_LOOP = re.compile(rf"(?<![a-z0-9])(?:{_SIDE_WORDS})(?![a-z0-9])", _FLAGS)
+_SIDE_ATTACHED = re.compile(rf"(?<![a-z0-9])(?:{_SIDE_WORDS})[\s:_\-|\[\]()]*(?:dataloader\s*\d*\s*:?\s*)?$", _FLAGS)
+# A setting that names a number of steps, not progress: "max step 500000", "total iters 1000",
+# "save steps 500", "warmup steps: 2000" (config dumps, argument printouts). The qualifier sits
+# right before the keyword ("max_steps" never matches the keyword: "_" is a word character).
+_QUALIFIER = re.compile(r"(?<![a-z0-9])(?:max(?:imum)?|min(?:imum)?|total|num|number of|n|save|saving|log|logging"
+                        r"|print|checkpoint(?:ing)?|ckpt|decay|remaining|target|accum(?:ulation)?|per|every|each"
+                        r"|until)[\s_-]*$", _FLAGS)
+_FRACTION_AFTER = re.compile(r"\s*/\s*\d+")
 # File paths and checkpoint names carry step numbers that are not progress ("resuming from
 # ckpt/step=3000.ckpt", "saving to out/checkpoint-1500"): the default patterns never read inside them.
 _PATHLIKE = re.compile(r"(?<!\S)(?:\.{0,2}/|~/|[^\s/]+/[^\s/]+/)\S*"
@@ -135,7 +151,7 @@ class StepExtractor:
                 text = _PATHLIKE.sub(" ", text)
         epoch_line: bool | None = None
         for name, regex, scope in self._patterns:
-            found = regex.search(text)
+            found = self._first_match(name, regex, text)
             if found is None:
                 continue
             try:
@@ -151,17 +167,47 @@ class StepExtractor:
                 return StepMatch(value, False, name)
             if epoch_line is None:
                 epoch_line = bool(_EPOCH.search(text))
+            side = not self.user and side_loop_counter(text, found)
             if scope == "counter":
-                return StepMatch(value, epoch_line, name)
+                return StepMatch(value, epoch_line or side, name)
             desc = text[:found.start()]  # a tqdm bar's description: what it counts
-            global_bar = name.startswith("tqdm") and not epoch_line and bool(_STEPS_DESC.search(desc))
+            global_bar = (name.startswith("tqdm") and not epoch_line and not side
+                          and bool(_STEPS_DESC.search(desc)))
             return StepMatch(value, not global_bar, name)
+        return None
+
+    def _first_match(self, name: str, regex: re.Pattern[str], text: str) -> re.Match[str] | None:
+        """The first match of a default keyword pattern that is not a setting ("max step 500000")."""
+        if self.user or name != "step_keyword":
+            return regex.search(text)
+        for found in regex.finditer(text):
+            if not _QUALIFIER.search(text, 0, found.start()):
+                return found
         return None
 
     def extract(self, line: str) -> int | None:
         """The global step in ``line``, or None (progress-only counters give None)."""
         found = self.match(line)
         return None if found is None or found.progress_only else found.value
+
+
+def side_loop_counter(text: str, found: re.Match[str]) -> bool:
+    """A counter of a loop beside training: an evaluation/validation/test/warm-up word names it
+    (right before the counter: "eval step 3", "Iter(val) [10/500]", "Validation: step 3/10"), or
+    such a word appears before an ``i/N`` counter ("Evaluating: 40%|...| 20/50 [", "val ... 3/10")."""
+    before = text[:found.start()]
+    keyword_at = found.start()
+    # the text before the counter's keyword ("eval " in "eval step 3") or its "(val)" tag
+    inner = found.group(0)
+    tag = re.search(r"\((\w+)\)", inner)
+    if tag and _SIDE_LOOP.fullmatch(tag.group(1)):
+        return True
+    if _SIDE_ATTACHED.search(text, 0, keyword_at):
+        return True
+    if not _SIDE_LOOP.search(before):
+        return False
+    fraction = _FRACTION_AFTER.match(text, found.end("n")) is not None
+    return fraction or found.re.pattern.startswith(r"\d{1,3}%")
 
 
 def extract_loss(line: str) -> float | None:
