@@ -123,6 +123,7 @@ class StepMatch:
     value: int
     progress_only: bool
     pattern: str  # which pattern matched ("user" for a step_regex)
+    shape: str = ""  # what kind of line it is (see :func:`line_shape`): one line's steps agree with each other
 
 
 class StepExtractor:
@@ -163,17 +164,18 @@ class StepExtractor:
                 if digits:
                     self.rejected += 1
                 continue
-            if scope == "global":
-                return StepMatch(value, False, name)
             if epoch_line is None:
                 epoch_line = bool(_EPOCH.search(text))
+            shape = line_shape(name, text, found, digits)
+            if scope == "global":
+                return StepMatch(value, False, name, shape)
             side = not self.user and side_loop_counter(text, found)
             if scope == "counter":
-                return StepMatch(value, epoch_line or side, name)
+                return StepMatch(value, epoch_line or side, name, shape)
             desc = text[:found.start()]  # a tqdm bar's description: what it counts
             global_bar = (name.startswith("tqdm") and not epoch_line and not side
                           and bool(_STEPS_DESC.search(desc)))
-            return StepMatch(value, not global_bar, name)
+            return StepMatch(value, not global_bar, name, shape)
         return None
 
     def _first_match(self, name: str, regex: re.Pattern[str], text: str) -> re.Match[str] | None:
@@ -189,6 +191,60 @@ class StepExtractor:
         """The global step in ``line``, or None (progress-only counters give None)."""
         found = self.match(line)
         return None if found is None or found.progress_only else found.value
+
+
+_SHAPE_DIGITS = re.compile(r"[0-9]+")
+
+
+def line_shape(pattern: str, text: str, found: re.Match[str], digits: str) -> str:
+    """What kind of line a counter sits in: the pattern, the words right before the counter
+    (digits blanked) and the total of an ``i/N`` counter. Two readings of one progress line share a
+    shape ("iter 100: loss" and "iter 200: loss"); "step 3/50" and "step 300/10000" do not."""
+    at = text.find(digits, found.start()) if digits else found.start()
+    before = _SHAPE_DIGITS.sub("#", " ".join(text[max(0, at - 24):at].lower().split()))
+    fraction = _FRACTION_AFTER.match(text, at + len(digits)) if digits else None
+    total = fraction.group(0).replace(" ", "") if fraction else ""
+    return f"{pattern}|{before}|{total}"
+
+
+class StepConfirmer:
+    """Steps read from output lines count once their line has proved itself a progress line: a
+    second reading of the same shape (:func:`line_shape`) at or above the first. One stray line (an
+    evaluation counter the rules missed, a setting printed once) never sets the attempt's first
+    step, never moves its last step, and so never decides the resume audit. A shape whose next
+    reading goes back replaces its first reading (the earlier one was the stray). Pure."""
+
+    MAX_SHAPES = 64  # distinct line kinds remembered while unconfirmed (bounded memory)
+
+    def __init__(self) -> None:
+        self._pending: dict[str, int] = {}
+        self._trusted: set[str] = set()
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether some progress line has proved itself."""
+        return bool(self._trusted)
+
+    def feed(self, shape: str, value: int) -> tuple[int, ...]:
+        """The steps this reading makes count, in order: none while its line is unproven, the
+        first and this one when it proves the line, this one once the line is trusted."""
+        if shape in self._trusted:
+            return (value,)
+        first = self._pending.get(shape)
+        if first is None or value < first:
+            if first is None and len(self._pending) >= self.MAX_SHAPES:
+                return ()
+            self._pending[shape] = value
+            return ()
+        del self._pending[shape]
+        if len(self._trusted) < self.MAX_SHAPES:
+            self._trusted.add(shape)
+        return (first, value) if value != first else (value,)
+
+    def unconfirmed(self) -> tuple[int, ...]:
+        """At the end of an attempt that never proved a progress line: the readings seen once,
+        lowest first (the best left to know; the caller must not stop a run on them)."""
+        return () if self._trusted else tuple(sorted(self._pending.values()))
 
 
 def side_loop_counter(text: str, found: re.Match[str]) -> bool:

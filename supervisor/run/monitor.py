@@ -9,7 +9,7 @@ stop machine. Every wait is the waker's, so a signal ends it at once.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..checkpoints import DirWatcher
@@ -20,7 +20,7 @@ from ..errors import RunLockedError
 from ..events import Ev
 from ..nodes import record_loss_anomaly, record_slow_node
 from ..preemption import InFlightSave
-from ..progress import LossTracker, ProgressTracker, StepExtractor
+from ..progress import LossTracker, ProgressTracker, StepConfirmer, StepExtractor
 from ..slownode import SlowNodeTracker
 from ..stall import StallTimeout
 from . import notice as notices
@@ -54,6 +54,7 @@ class Watch:
     next_lock_check: float = 0.0
     flood_warned: bool = False
     slow_nodes: SlowNodeTracker | None = None  # None when slow_node.action is off
+    confirm: StepConfirmer = field(default_factory=StepConfirmer)  # output steps count once their line proved itself
 
 
 def new_watch(ctx: RunContext, state: AttemptState) -> Watch:
@@ -78,6 +79,8 @@ def monitor(ctx: RunContext, child: Any, state: AttemptState) -> ChildExit:
             now = ctx.clock.now()
             while drain_lines(ctx, child, state, w, now):
                 pass
+            for step in w.confirm.unconfirmed():  # seen once each: counted, but no stop on them
+                observe_step(ctx, child, state, w, step, now, "regex", confirmed=False)
             drain_control(ctx, child, state, w, now)
             final_rescan(ctx, w.watcher, state, now)
             resumable.check(ctx, state, now)
@@ -137,25 +140,33 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
         if match.progress_only:
             if w.progress.observe_counter(match.value, now):  # activity, not the global step
                 ctx.stall.progress(now)
-        else:
-            observe_step(ctx, child, state, w, match.value, now, "regex")
+            continue
+        steps = (match.value,) if w.extractor.user else w.confirm.feed(match.shape, match.value)
+        if not steps:
+            w.progress.touch(now)  # a line not yet proven a progress line: activity only
+        for step in steps:
+            observe_step(ctx, child, state, w, step, now, "regex")
     return len(lines)
 
 
 def observe_step(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step: int, now: float,
-                 source: str) -> None:
+                 source: str, *, confirmed: bool = True) -> None:
     first = state.observe_step(step, now, source)
     if w.progress.observe(step, now):
         ctx.stall.progress(now)
     if first and not state.resume_checked:
-        audit_resume(ctx, child, state, step if state.reported_resume_step is None else state.reported_resume_step)
+        audit_resume(ctx, child, state, step if state.reported_resume_step is None else state.reported_resume_step,
+                     confirmed=confirmed)
     if now - state.last_progress_event_at >= ctx.cfg.progress_event_interval:
         state.last_progress_event_at = now
         ctx.emit(Ev.PROGRESS, attempt=state.attempt, step=state.last_step, rate=w.progress.rate(now),
                  source=state.step_source)
 
 
-def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: int) -> None:
+def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: int, *,
+                 confirmed: bool = True) -> None:
+    """``confirmed=False``: the first step comes from a line seen once (the attempt ended before a
+    second reading proved it): the audit is recorded, never acted on."""
     from ..budget import audit_resume as audit
     from ..budget import audit_fresh_start
 
@@ -166,14 +177,15 @@ def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: i
         where, expected, by = state.elsewhere_before  # saved before, nothing handed over: a fresh start loses it
         outside = where is None or not _inside(where, ctx.layout.ckpt_dir)
         verdict = audit_fresh_start(expected, where, by, str(ctx.layout.ckpt_dir), first_step, outside=outside)
+    extra = {} if confirmed else {"confirmed": False}
     ctx.emit(Ev.RESUMED, attempt=state.attempt, step=first_step, expected_step=expected, ok=verdict.ok,
-             reason=verdict.reason)
+             reason=verdict.reason, **extra)
     if verdict.ok:
         return
     ctx.emit(Ev.RESUME_MISMATCH, attempt=state.attempt, expected_step=expected, got_step=first_step,
-             resume_path=where, reason=verdict.reason)
+             resume_path=where, reason=verdict.reason, **extra)
     log.error("RESUME AUDIT FAILED: %s", verdict.reason)
-    if ctx.cfg.budget.on_resume_mismatch == "stop":
+    if ctx.cfg.budget.on_resume_mismatch == "stop" and confirmed:
         state.stopped_reason = f"resume audit failed: {verdict.reason}"
         state.stopped_by = "resume_audit"
         notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "resume audit failed", ctx.cfg.term_timeout),
