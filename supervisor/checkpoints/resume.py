@@ -16,7 +16,9 @@ The rule, in order:
    than every step checkpoint. With ``require_verified`` (``--deep`` and the run loop's deep
    confirmation), an UNVERIFIABLE checkpoint is chosen only when no VALID one exists at all: a
    verified older checkpoint beats an unverifiable newer one.
-4. When no usable candidate has a step, a single ``last``-style alias (``last.ckpt``,
+4. When no usable candidate has a step, the newest save by its save index (Accelerate's
+   ``checkpoint_<i>``: the index orders saves; the step stays unknown, never the index).
+5. Otherwise a single ``last``-style alias (``last.ckpt``,
    ``latest.pt``; the highest ``-vN``) is chosen; other step-less files are never guessed at.
 """
 
@@ -57,8 +59,10 @@ def _rank(report: CheckpointReport) -> tuple[int | None, bool, bool, int, str]:
 def order_candidates(reports: Sequence[CheckpointReport]) -> tuple[CheckpointReport, ...]:
     """Newest first by step (never mtime); step-less ones last, by name."""
     stepped = sorted((r for r in reports if r.step is not None), key=_rank, reverse=True)
-    stepless = sorted((r for r in reports if r.step is None), key=lambda r: r.path)
-    return tuple(stepped + stepless)
+    indexed = sorted((r for r in reports if r.step is None and r.index is not None),
+                     key=lambda r: (r.index, r.path), reverse=True)
+    stepless = sorted((r for r in reports if r.step is None and r.index is None), key=lambda r: r.path)
+    return tuple(stepped + indexed + stepless)
 
 
 def choose_resume_point(reports: Sequence[CheckpointReport], *, require_verified: bool = False) -> ResumeDecision:
@@ -73,6 +77,13 @@ def choose_resume_point(reports: Sequence[CheckpointReport], *, require_verified
         chosen = max(stepped, key=_rank)
         return ResumeDecision(chosen.path, chosen.step, _explain(chosen, candidates), candidates,
                               to_quarantine, chosen)
+    indexed = [r for r in usable if r.index is not None]
+    if indexed:
+        chosen = max(indexed, key=lambda r: (r.index, r.verdict is Verdict.VALID, r.path))
+        return ResumeDecision(chosen.path, None,
+                              f"{chosen.name}: newest {chosen.verdict.value} save by its save index "
+                              f"{chosen.index}; its step is unknown (no step in its name, inside it or in the log "
+                              "when it was saved)", candidates, to_quarantine, chosen)
     aliases = [r for r in usable if r.is_last]
     if aliases:
         chosen = max(aliases, key=lambda r: (r.verdict is Verdict.VALID, r.version, r.path))
@@ -84,7 +95,8 @@ def choose_resume_point(reports: Sequence[CheckpointReport], *, require_verified
 
 def _explain(chosen: CheckpointReport, candidates: tuple[CheckpointReport, ...]) -> str:
     kind = "valid" if chosen.verdict is Verdict.VALID else f"unverifiable ({chosen.reason}) but no valid one is as new"
-    parts = [f"{chosen.name} at step {chosen.step}: newest {kind}"]
+    source = f" (step from {chosen.step_source})" if chosen.step_source not in (None, "name") else ""
+    parts = [f"{chosen.name} at step {chosen.step}{source}: newest {kind}"]
     chosen_step = chosen.step if chosen.step is not None else -1
     skipped = [r for r in candidates if r.step is not None and r.step >= chosen_step and r is not chosen
                and not (is_usable(r) and r.step == chosen.step)]

@@ -20,7 +20,7 @@ from ..events import Ev
 from ..checkpoints.staging import remove_stale_staging
 from .attempt import AttemptState
 from .context import RunContext
-from .saves import remove_stale_temp_files
+from .saves import recorded_steps, remove_stale_temp_files
 
 log = logging.getLogger("supervisor.run")
 
@@ -38,7 +38,8 @@ def start_state(ctx: RunContext, attempt_no: int) -> AttemptState:
                                   deep_confirm=ctx.cfg.verify_resume_deep)
     result = find_resume_point(ctx.layout.ckpt_dir, writers_alive=False,
                                extra_safe_globals=tuple(getattr(ctx.cfg, "checkpoint_safe_globals", ()) or ()),
-                               **kwargs)
+                               step_from=getattr(getattr(ctx.cfg, "checkpoint", None), "step_from", None),
+                               recorded_steps=recorded_steps(ctx.read_events()), **kwargs)
     for q in result.quarantined:
         ctx.emit(Ev.QUARANTINE, attempt=attempt_no, **q.to_event())
         if q.ok:
