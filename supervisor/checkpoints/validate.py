@@ -25,7 +25,7 @@ from .fsio import describe_oserror, file_kind
 from .naming import parse_name, unfinished_marker_names
 from .outcome import Outcome, unverifiable
 from .picklescan import step_keys, user_step_key
-from .stepsource import StepChoice, StepEvidence, choose_step, is_accelerate_state_dir, parse_step_rule
+from .stepsource import StepChoice, StepEvidence, StepRule, choose_step, is_accelerate_state_dir, parse_step_rule
 
 log = logging.getLogger("supervisor.checkpoints")
 
@@ -216,7 +216,7 @@ def _report(base: dict, outcome: Outcome, size: int, mtime: float | None, **extr
     fields.update(extra)
     choice = choose_step(StepEvidence(
         name=base.get("_name", ""), name_step=fields.get("name_step") if base.get("_index") is None else None,
-        name_is_index=False, inside_step=outcome.embedded_step, inside_key=_inside_key(outcome),
+        name_is_index=False, inside_step=outcome.embedded_step, inside_key=_inside_key(outcome, base.get("_rule")),
         inside_where=_inside_where(outcome), log_step=base.get("_log_step")), base.get("_rule"))
     return CheckpointReport(format=outcome.format, verdict=outcome.verdict, level=outcome.level,
                             reason=outcome.reason, size=size, step=choice.step,
@@ -225,11 +225,13 @@ def _report(base: dict, outcome: Outcome, size: int, mtime: float | None, **extr
                             **fields)
 
 
-def _inside_key(outcome: Outcome) -> str | None:
+def _inside_key(outcome: Outcome, rule: StepRule | None) -> str | None:
     """The top-level key the embedded step was read from (``iter_num``), when one holds it."""
     if outcome.embedded_step is None:
         return None
-    return next((k for k in step_keys() if outcome.facts.get(k) == outcome.embedded_step
+    with user_step_key(rule.arg if rule is not None and rule.kind == "key" else None):
+        keys = step_keys()
+    return next((k for k in keys if outcome.facts.get(k) == outcome.embedded_step
                  and type(outcome.facts.get(k)) is int), None)
 
 
