@@ -37,7 +37,7 @@ def test_inside_beats_the_log_and_the_log_is_the_last_resort() -> None:
 
 def test_a_save_index_is_never_a_step() -> None:
     alone = choose_step(StepEvidence("checkpoint_3", name_step=3, name_is_index=True))
-    assert (alone.step, alone.index, alone.described) == (None, 3, "index 3, step unknown")
+    assert (alone.step, alone.index, alone.described) == (None, 3, "- (save index 3)")
     logged = choose_step(StepEvidence("checkpoint_3", name_step=3, name_is_index=True, log_step=40))
     assert (logged.step, logged.source, logged.index) == (40, "log", 3)
 
@@ -106,7 +106,7 @@ def test_accelerate_index_dirs_are_ranked_by_save_order_never_read_as_steps(tmp_
     for i in range(3):
         accelerate_dir(tmp_path, i)
     report = validate(tmp_path / "checkpoint_1")
-    assert (report.step, report.index, report.step_described) == (None, 1, "index 1, step unknown")
+    assert (report.step, report.index, report.step_described) == (None, 1, "- (save index 1)")
     result = find_resume_point(tmp_path, writers_alive=False)
     assert (Path(result.path).name, result.step) == ("checkpoint_2", None)
     # the log knew the step when each save landed: then that is the step, and it ranks
@@ -143,7 +143,7 @@ def test_the_save_watcher_records_the_step_and_its_source(tmp_path: Path) -> Non
     assert (step_of_saved(str(tmp_path / "ckpt.pt"), log_step=250).described) == "240 (key iter_num)"
     d = accelerate_dir(tmp_path, 4)
     assert step_of_saved(str(d), log_step=40).described == "40 (log)"
-    assert step_of_saved(str(d)).described == "index 4, step unknown"
+    assert step_of_saved(str(d)).described == "- (save index 4)"
     assert step_of_saved(str(make_hf_checkpoint(tmp_path, 30))).described == "30 (name)"
 
 

@@ -105,11 +105,11 @@ class StepChoice:
 
     @property
     def described(self) -> str:
-        """``240 (key iter_num)``, ``index 3, step unknown``, ``-``: for listings."""
+        """``240 (key iter_num)``, ``- (save index 3)``, ``-``: for listings."""
         if self.step is not None:
             return f"{self.step} ({self.source})"
         if self.index is not None:
-            return f"index {self.index}, step unknown"
+            return f"- (save index {self.index})"
         return "-"
 
 

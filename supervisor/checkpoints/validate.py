@@ -60,7 +60,7 @@ class CheckpointReport:
 
     @property
     def step_described(self) -> str:
-        """``240 (key iter_num)``, ``index 3, step unknown`` or ``-``, for listings."""
+        """``240 (key iter_num)``, ``- (save index 3)`` or ``-``, for listings."""
         return StepChoice(self.step, self.step_source, self.index, "").described
 
     @property

@@ -59,7 +59,7 @@ def _expand(path: str) -> list[str]:
     if not os.path.isdir(path) or os.path.islink(path):
         return [path]
     info = parse_name(os.path.basename(os.path.normpath(path)))
-    if info.step is not None or info.is_last or has_checkpoint_suffix(info.name):
+    if info.step is not None or info.is_last or info.index is not None or has_checkpoint_suffix(info.name):
         return [path]
     if F.detect_dir(path) != F.DIRECTORY:
         return [path]
@@ -77,7 +77,7 @@ def _size(n: int) -> str:
 
 
 def _row(report: Any) -> str:
-    step = "-" if report.step is None else str(report.step)
+    step = report.step_described  # "240 (key iter_num)": the step and where it came from
     return (f"{report.verdict.value:<12} {report.format:<19} L{report.level}  {_size(report.size):>9}  "
             f"step {step:<8} {report.path}\n    {report.reason}")
 
@@ -153,11 +153,12 @@ def _print_resume(result: Any) -> None:
     if result.reports:
         click.echo(f"candidates in {result.ckpt_dir} (newest first by step):")
         for report in result.reports:
-            step = "-" if report.step is None else str(report.step)
+            step = report.step_described
             click.echo(f"  {report.verdict.value:<12} step {step:<8} L{report.level}  {report.name}\n"
                        f"      {report.reason}")
     if result.found:
-        step = result.step if result.step is not None else "unknown"
+        source = getattr(result.chosen, "step_source", None)
+        step = "unknown" if result.step is None else f"{result.step}, from {source}" if source else result.step
         click.echo(f"resume point: {result.path} (step {step})\n  reason: {result.reason}")
     else:
         click.echo(f"resume point: none: {result.reason} in {result.ckpt_dir}")
