@@ -124,6 +124,7 @@ class StepMatch:
     progress_only: bool
     pattern: str  # which pattern matched ("user" for a step_regex)
     shape: str = ""  # what kind of line it is (see :func:`line_shape`): one line's steps agree with each other
+    bare_bar: bool = False  # a tqdm bar that names no epoch and no side loop: may count global steps (BarEvidence)
 
 
 class StepExtractor:
@@ -173,9 +174,9 @@ class StepExtractor:
             if scope == "counter":
                 return StepMatch(value, epoch_line or side, name, shape)
             desc = text[:found.start()]  # a tqdm bar's description: what it counts
-            global_bar = (name.startswith("tqdm") and not epoch_line and not side
-                          and bool(_STEPS_DESC.search(desc)))
-            return StepMatch(value, not global_bar, name, shape)
+            plain_bar = name.startswith("tqdm") and not epoch_line and not side
+            global_bar = plain_bar and bool(_STEPS_DESC.search(desc))
+            return StepMatch(value, not global_bar, name, shape, bare_bar=plain_bar and not global_bar)
         return None
 
     def _first_match(self, name: str, regex: re.Pattern[str], text: str) -> re.Match[str] | None:
@@ -245,6 +246,43 @@ class StepConfirmer:
         """At the end of an attempt that never proved a progress line: the readings seen once,
         lowest first (the best left to know; the caller must not stop a run on them)."""
         return () if self._trusted else tuple(sorted(self._pending.values()))
+
+
+class BarEvidence:
+    """A bare progress bar (`` 35%|###5      | 35/100 [``: no description, no epoch) may count the
+    global step (HF Trainer's bar counts optimizer steps up to max_steps) or batches of one epoch
+    (a plain ``tqdm(loader)``). The line cannot say; other sources can. A bar counts global steps
+    from the moment an independent step agrees with it: its first reading is the resume point's
+    step (or the next one), or a save with a step from its name or contents lands while the bar
+    reads that step (one off allowed). Per attempt; pure."""
+
+    MAX_BARS = 16
+
+    def __init__(self, resume_step: int | None) -> None:
+        self.resume_step = resume_step
+        self._last: dict[str, int] = {}
+        self._global: set[str] = set()
+
+    def counts(self, shape: str, value: int) -> bool:
+        """Whether this bar reading is a global step."""
+        if shape in self._global:
+            return True
+        first = shape not in self._last
+        if first and len(self._last) >= self.MAX_BARS:
+            return False
+        self._last[shape] = value
+        if first and self.resume_step is not None and value in (self.resume_step, self.resume_step + 1):
+            self._global.add(shape)
+            return True
+        return False
+
+    def saved(self, step: int) -> tuple[int, ...]:
+        """A save of ``step`` landed: bars reading it (one off allowed) count global steps from
+        now. Returns their current readings, to be taken as steps."""
+        agreeing = [shape for shape, value in self._last.items()
+                    if shape not in self._global and abs(value - step) <= 1]
+        self._global.update(agreeing)
+        return tuple(self._last[shape] for shape in agreeing)
 
 
 def side_loop_counter(text: str, found: re.Match[str]) -> bool:

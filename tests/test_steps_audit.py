@@ -3,13 +3,16 @@ training's own progress line, proven by a second reading, on fakes (tests/fakes.
 
 from __future__ import annotations
 
+import io
 import signal
 from pathlib import Path
+
+import torch
 
 from supervisor.progress import StepConfirmer
 from supervisor.states import RunOutcome
 
-from ckpt_factory import save_zip
+from ckpt_factory import lightning_checkpoint, save_zip
 from fakes import ChildScript
 from helpers import events_named
 from test_run_loop import make
@@ -82,3 +85,39 @@ def test_confirmer_drops_a_first_reading_that_the_next_one_contradicts() -> None
     single = StepConfirmer()
     single.feed("x", 7)
     assert single.unconfirmed() == (7,)
+
+
+HF_BAR = " {pct}%|###       | {n}/100 [00:10<00:20,  3.20it/s]"
+
+
+def bar(n: int) -> str:
+    return HF_BAR.format(pct=n, n=n)
+
+
+def test_a_bare_bar_counts_steps_once_a_save_agrees_with_it_and_the_crash_step_is_known(tmp_path: Path) -> None:
+    """HF Trainer: its log dicts carry no step, its bar counts optimizer steps. The save of step 30
+    lands while the bar reads 30: from then on the bar is the step, a crash at 35 has lost 5 steps,
+    and the next attempt's bar, starting right after the resume point, passes the audit."""
+    buf = io.BytesIO()
+    torch.save(lightning_checkpoint(30), buf)
+    first = [(0.1 + 0.05 * i, "line", bar(n)) for i, n in enumerate(range(1, 31))]
+    first += [(1.6, "write", "step=30.ckpt", buf.getvalue()),
+              (1.7, "line", "{'loss': 0.5, 'grad_norm': 1.2, 'learning_rate': 4.8e-05, 'epoch': 0.3}")]
+    first += [(3.0 + 0.05 * i, "line", bar(n)) for i, n in enumerate(range(31, 36))]
+    first += [(4.0, "die", signal.SIGSEGV)]
+    second = [(0.1 + 0.05 * i, "line", bar(n)) for i, n in enumerate(range(31, 41))] + [(1.0, "exit", 0)]
+    runner, w = make(tmp_path, [ChildScript(first), ChildScript(second)])
+    result = runner.run()
+    assert result.outcome is RunOutcome.COMPLETE
+    ends = events_named(w["run_dir"], "attempt_end")
+    assert (ends[0]["last_step"], ends[1]["first_step"], ends[1]["last_step"]) == (35, 31, 40)
+    assert events_named(w["run_dir"], "resume_point")[1]["step"] == 30
+    assert events_named(w["run_dir"], "resume_mismatch") == []
+
+
+def test_a_bare_bar_that_no_other_source_confirms_stays_progress_only(tmp_path: Path) -> None:
+    script = ChildScript([*[(0.1 + 0.05 * i, "line", bar(n)) for i, n in enumerate(range(1, 11))],
+                          (1.0, "exit", 0)])
+    runner, w = make(tmp_path, [script])
+    runner.run()
+    assert events_named(w["run_dir"], "attempt_end")[0]["last_step"] is None

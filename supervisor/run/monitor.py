@@ -20,7 +20,7 @@ from ..errors import RunLockedError
 from ..events import Ev
 from ..nodes import record_loss_anomaly, record_slow_node
 from ..preemption import InFlightSave
-from ..progress import LossTracker, ProgressTracker, StepConfirmer, StepExtractor
+from ..progress import BarEvidence, LossTracker, ProgressTracker, StepConfirmer, StepExtractor
 from ..slownode import SlowNodeTracker
 from ..stall import StallTimeout
 from . import notice as notices
@@ -55,6 +55,8 @@ class Watch:
     flood_warned: bool = False
     slow_nodes: SlowNodeTracker | None = None  # None when slow_node.action is off
     confirm: StepConfirmer = field(default_factory=StepConfirmer)  # output steps count once their line proved itself
+    bars: BarEvidence = field(default_factory=lambda: BarEvidence(None))  # bare tqdm bars proven to count steps
+    saves_seen: int = 0  # state.saves already shown to ``bars``
 
 
 def new_watch(ctx: RunContext, state: AttemptState) -> Watch:
@@ -65,7 +67,8 @@ def new_watch(ctx: RunContext, state: AttemptState) -> Watch:
     slow_nodes = SlowNodeTracker(ctx.cfg.slow_node) if ctx.cfg.slow_node.action != "off" else None
     return Watch(StepExtractor(ctx.cfg.step_regex), ProgressTracker(started_at=state.started_at),
                  LossTracker(spike_factor=ctx.cfg.loss_spike_factor), DirWatcher(ctx.layout.ckpt_dir),
-                 next_poll=now + ctx.cfg.preemption.poll_interval, slow_nodes=slow_nodes)
+                 next_poll=now + ctx.cfg.preemption.poll_interval, slow_nodes=slow_nodes,
+                 bars=BarEvidence(state.resume_step))
 
 
 def monitor(ctx: RunContext, child: Any, state: AttemptState) -> ChildExit:
@@ -99,6 +102,7 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
     if now >= w.next_watch:
         had_save = state.in_flight is not None
         watch_saves(ctx, w.watcher, state, now)
+        show_saves_to_bars(ctx, child, state, w, now)
         w.next_watch = now + WATCH_INTERVAL
         if had_save and state.in_flight is None:
             notices.step(ctx, child, state, SaveLanded(), now)
@@ -138,6 +142,9 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
         if match is None or not (0 <= match.value < MAX_STEP):
             continue
         if match.progress_only:
+            if match.bare_bar and w.bars.counts(match.shape, match.value):
+                observe_step(ctx, child, state, w, match.value, now, "regex")  # a bar proven to count steps
+                continue
             if w.progress.observe_counter(match.value, now):  # activity, not the global step
                 ctx.stall.progress(now)
             continue
@@ -190,6 +197,16 @@ def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: i
         state.stopped_by = "resume_audit"
         notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "resume audit failed", ctx.cfg.term_timeout),
                      ctx.clock.now())
+
+
+def show_saves_to_bars(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
+    """Saves that landed since the last look, with a step from their name or contents (not from
+    the log, which the bars would only echo), are evidence about bare progress bars."""
+    for save in state.saves[w.saves_seen:]:
+        if save.ok and save.step is not None and save.source == "watch":
+            for step in w.bars.saved(save.step):
+                observe_step(ctx, child, state, w, step, now, "regex")
+    w.saves_seen = len(state.saves)
 
 
 def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
