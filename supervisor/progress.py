@@ -213,13 +213,16 @@ class StepConfirmer:
     second reading of the same shape (:func:`line_shape`) at or above the first. One stray line (an
     evaluation counter the rules missed, a setting printed once) never sets the attempt's first
     step, never moves its last step, and so never decides the resume audit. A shape whose next
-    reading goes back replaces its first reading (the earlier one was the stray). Pure."""
+    reading goes back replaces its first reading (the earlier one was the stray). Once progress is
+    established, a reading of another shape that continues it (from the last step up to about twice
+    it: "hanging at step 15" after "step 14 loss") counts too, without trusting its shape. Pure."""
 
     MAX_SHAPES = 64  # distinct line kinds remembered while unconfirmed (bounded memory)
 
     def __init__(self) -> None:
         self._pending: dict[str, int] = {}
         self._trusted: set[str] = set()
+        self._last: int | None = None  # the highest step counted so far
 
     @property
     def confirmed(self) -> bool:
@@ -230,7 +233,9 @@ class StepConfirmer:
         """The steps this reading makes count, in order: none while its line is unproven, the
         first and this one when it proves the line, this one once the line is trusted."""
         if shape in self._trusted:
-            return (value,)
+            return self._counted(value)
+        if self._last is not None and self._last <= value <= 2 * self._last + 10:
+            return self._counted(value)  # continues the established progress
         first = self._pending.get(shape)
         if first is None or value < first:
             if first is None and len(self._pending) >= self.MAX_SHAPES:
@@ -240,7 +245,11 @@ class StepConfirmer:
         del self._pending[shape]
         if len(self._trusted) < self.MAX_SHAPES:
             self._trusted.add(shape)
-        return (first, value) if value != first else (value,)
+        return self._counted(first, value) if value != first else self._counted(value)
+
+    def _counted(self, *values: int) -> tuple[int, ...]:
+        self._last = max(values) if self._last is None else max(self._last, *values)
+        return values
 
     def unconfirmed(self) -> tuple[int, ...]:
         """At the end of an attempt that never proved a progress line: the readings seen once,

@@ -82,6 +82,8 @@ def test_confirmer_drops_a_first_reading_that_the_next_one_contradicts() -> None
     assert c.feed("a", 500000) == ()
     assert c.feed("a", 3) == ()  # went back: the first one was the stray
     assert c.feed("a", 4) == (3, 4)
+    assert c.feed("z", 500000) == ()  # far past the established progress: a stray until proven
+    assert c.feed("y", 5) == (5,)  # continues the established progress (4): counts, shape not trusted
     single = StepConfirmer()
     single.feed("x", 7)
     assert single.unconfirmed() == (7,)
