@@ -123,3 +123,24 @@ def test_a_bare_bar_that_no_other_source_confirms_stays_progress_only(tmp_path: 
     runner, w = make(tmp_path, [script])
     runner.run()
     assert events_named(w["run_dir"], "attempt_end")[0]["last_step"] is None
+
+
+def test_a_save_with_no_step_anywhere_takes_the_log_step_and_resuming_past_it_is_fine(tmp_path: Path) -> None:
+    """Zero-code, a checkpoint that holds no step (model.pt with weights only): the watch records
+    the step the output showed when the save began, with step_source log; the next attempt resumes
+    from it, and a child that resumes a little past that step is not a failed audit."""
+    buf = io.BytesIO()
+    torch.save({"weights": torch.zeros(4)}, buf)
+    first = [(0.1 * n, "line", f"step {n} loss 0.5") for n in range(1, 21)]
+    first += [(2.05, "write", "model.pt", buf.getvalue())]
+    first += [(2.5 + 0.1 * i, "line", f"step {n} loss 0.5") for i, n in enumerate(range(21, 26))]
+    first += [(3.5, "die", signal.SIGSEGV)]
+    second = ChildScript([*lines("step 24 loss 0.4", "step 25 loss 0.4", "step 26 loss 0.4"), (0.6, "exit", 0)])
+    runner, w = make(tmp_path, [ChildScript(first), second])
+    result = runner.run()
+    assert result.outcome is RunOutcome.COMPLETE
+    save = [e for e in events_named(w["run_dir"], "save_end") if e["attempt"] == 1][0]
+    assert (save["step"], save["step_source"]) == (20, "log")
+    point = events_named(w["run_dir"], "resume_point")[1]
+    assert (point["step"], point["step_source"]) == (20, "log")
+    assert events_named(w["run_dir"], "resume_mismatch") == []

@@ -179,6 +179,12 @@ def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: i
 
     state.resume_checked = True
     verdict = audit(state.resume_step, first_step, state.resume_path)
+    if (not verdict.ok and state.resume_step_source == "log" and state.resume_step is not None
+            and first_step > state.resume_step):
+        # The resume point's step is the one the output showed when its save began: a lower bound
+        # of what the file holds. A child that resumes past it lost nothing.
+        verdict = type(verdict)(True, f"resumed at step {first_step}, at or past the resume point's step "
+                                f"{state.resume_step} (read from the log when its save began)")
     expected, where = state.resume_step, state.resume_path
     if state.resume_path is None and state.resume_step is None and state.elsewhere_before is not None:
         where, expected, by = state.elsewhere_before  # saved before, nothing handed over: a fresh start loses it

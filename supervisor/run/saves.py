@@ -95,13 +95,18 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
         return
     step_from = _step_rule_text(ctx)
     for done in activity.completed:
-        # The output's last step when the save landed: the last source of a step (zero-code mode).
-        found = step_of_saved(str(done.path), state.last_step, step_from)
+        # The output's step when the save began (the training waits for a save; by the time the
+        # watch sees it complete it may have moved on): the last source of a step.
+        began = state.in_flight
+        log_step = began.step if began is not None and began.path == str(done.path) and began.step is not None \
+            else state.last_step
+        found = step_of_saved(str(done.path), log_step, step_from)
         record_save(ctx, state, found.step, str(done.path), done.bytes, done.duration, True, "watch", now,
                     step_source=found.source)
     if activity.in_flight and state.in_flight is None and not state.aborted_save:
-        state.in_flight = InFlightSave(path=str(activity.path), step=None, started_at=activity.since or now,
-                                       bytes_so_far=activity.bytes, source="watch")
+        state.in_flight = InFlightSave(path=str(activity.path), step=state.last_step,
+                                       started_at=activity.since or now, bytes_so_far=activity.bytes,
+                                       source="watch")
         ctx.emit(Ev.SAVE_BEGIN, attempt=state.attempt, path=str(activity.path), source="watch")
     elif activity.in_flight and state.in_flight is not None:
         state.in_flight = InFlightSave(path=state.in_flight.path, step=state.in_flight.step,

@@ -52,6 +52,7 @@ def start_state(ctx: RunContext, attempt_no: int) -> AttemptState:
     warn_single_copy(ctx, attempt_no, result)
     state = AttemptState(attempt=attempt_no, started_at=now, resume_path=result.path, resume_step=result.step)
     state.checkpoint_dir_error = getattr(result, "error", None)
+    state.resume_step_source = getattr(getattr(result, "chosen", None), "step_source", None)
     return state
 
 
