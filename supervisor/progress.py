@@ -184,7 +184,7 @@ class StepExtractor:
         if self.user or name != "step_keyword":
             return regex.search(text)
         for found in regex.finditer(text):
-            if not _QUALIFIER.search(text, 0, found.start()):
+            if not _QUALIFIER.search(text, max(0, found.start() - 32), found.start()):
                 return found
         return None
 
@@ -305,7 +305,7 @@ def side_loop_counter(text: str, found: re.Match[str]) -> bool:
     tag = re.search(r"\((\w+)\)", inner)
     if tag and _SIDE_LOOP.fullmatch(tag.group(1)):
         return True
-    if _SIDE_ATTACHED.search(text, 0, keyword_at):
+    if _SIDE_ATTACHED.search(text, max(0, keyword_at - 48), keyword_at):
         return True
     if not _SIDE_LOOP.search(before):
         return False
