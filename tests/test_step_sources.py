@@ -151,3 +151,14 @@ def test_chooser_prefers_any_known_step_over_an_index(tmp_path: Path) -> None:
     reports = [validate(accelerate_dir(tmp_path, 9)), validate(nanogpt_ckpt(tmp_path / "ckpt.pt", 5))]
     decision = choose_resume_point(reports)
     assert (Path(decision.path).name, decision.step) == ("ckpt.pt", 5)
+
+
+def test_the_watch_sees_an_accelerate_save_land(tmp_path: Path) -> None:
+    from supervisor.checkpoints.watch import DirWatcher
+
+    watcher = DirWatcher(str(tmp_path))
+    watcher.poll(0.0)
+    accelerate_dir(tmp_path, 0)
+    watcher.poll(1.0)
+    done = watcher.poll(2.0).completed
+    assert [Path(c.path).name for c in done] == ["checkpoint_0"]
