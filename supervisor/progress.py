@@ -215,7 +215,8 @@ class StepConfirmer:
     step, never moves its last step, and so never decides the resume audit. A shape whose next
     reading goes back replaces its first reading (the earlier one was the stray). Once progress is
     established, a reading of another shape that continues it (from the last step up to about twice
-    it: "hanging at step 15" after "step 14 loss") counts too, without trusting its shape. Pure."""
+    it: "hanging at step 15" after "step 14 loss") counts too, without trusting its shape, and so
+    does one that came one step before the proven start ("resumed ... at step 10"). Pure."""
 
     MAX_SHAPES = 64  # distinct line kinds remembered while unconfirmed (bounded memory)
 
@@ -245,7 +246,12 @@ class StepConfirmer:
         del self._pending[shape]
         if len(self._trusted) < self.MAX_SHAPES:
             self._trusted.add(shape)
-        return self._counted(first, value) if value != first else self._counted(value)
+        # A reading of another line one step before the proven start agrees with it ("resumed from
+        # ... at step 10" before "step 11 loss"): it counts, first.
+        before = sorted({v for s, v in self._pending.items() if first - 1 <= v < first})
+        self._pending = {s: v for s, v in self._pending.items() if not first - 1 <= v < first}
+        proven = (*before, first, value) if value != first else (*before, value)
+        return self._counted(*proven)
 
     def _counted(self, *values: int) -> tuple[int, ...]:
         self._last = max(values) if self._last is None else max(self._last, *values)

@@ -84,6 +84,9 @@ def test_confirmer_drops_a_first_reading_that_the_next_one_contradicts() -> None
     assert c.feed("a", 4) == (3, 4)
     assert c.feed("z", 500000) == ()  # far past the established progress: a stray until proven
     assert c.feed("y", 5) == (5,)  # continues the established progress (4): counts, shape not trusted
+    resumed = StepConfirmer()
+    assert resumed.feed("resumed", 10) == () and resumed.feed("s", 11) == ()
+    assert resumed.feed("s", 12) == (10, 11, 12)  # the line just before the proven start agrees with it
     single = StepConfirmer()
     single.feed("x", 7)
     assert single.unconfirmed() == (7,)

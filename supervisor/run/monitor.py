@@ -242,6 +242,8 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
                 check_loss(ctx, child, state, w, f["step"], float(loss), msg.host)
         elif kind == "resumed" and valid_step(f.get("step")):
             state.reported_resume_step = f["step"]
+            if state.first_step is None:  # the child says where it starts: its first step
+                state.first_step = f["step"]
             if not state.resume_checked:
                 audit_resume(ctx, child, state, f["step"])
         elif kind == "save_begin":
