@@ -2,19 +2,24 @@
 JSON sidecar saying why. Nothing is ever deleted, a symlink is renamed itself (never followed),
 a symlink leaving the checkpoint dir is left alone, and every failure (read-only filesystem,
 permission) becomes a record, never an exception.
+
+Cost is linear in the number of torn files: :func:`quarantine_all` lists the directory once and
+keeps the set of taken names up to date as it renames; a name is checked against that set and
+with one ``lstat`` (a file that appeared since the listing is never overwritten).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .atomic import atomic_write_bytes
+from .atomic import atomic_write_bytes, fsync_dir, temp_path_for
 from .naming import QUARANTINE_PREFIX
 from .validate import CheckpointReport
 
@@ -32,6 +37,8 @@ class QuarantineRecord:
     format: str
     step: int | None = None
     sidecar: str | None = None
+    trust: str = "unscanned"  # "hostile" when it was quarantined for naming a code-execution primitive
+    trust_names: tuple[str, ...] = ()
 
     def to_event(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,14 +55,38 @@ def quarantine_tag(env: Mapping[str, str] | None = None, now: float | None = Non
     return f"local-{stamp}"
 
 
-def quarantine_name(name: str, tag: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
-    """``CORRUPT_<name>.<tag>``, with ``-2``, ``-3``... when that name (or its sidecar) is taken."""
+def quarantine_name(name: str, tag: str, taken: set[str] | frozenset[str] = frozenset(),
+                    exists: Callable[[str], bool] = lambda _name: False) -> str:
+    """``CORRUPT_<name>.<tag>``, with ``-2``, ``-3``... when that name (or its sidecar) is taken
+    (in ``taken``, or ``exists`` says so)."""
     base = f"{QUARANTINE_PREFIX}{name}.{_safe(tag)}"
     candidate, n = base, 1
-    while candidate in taken or f"{candidate}.json" in taken:
+    while (candidate in taken or f"{candidate}.json" in taken
+           or exists(candidate) or exists(f"{candidate}.json")):
         n += 1
         candidate = f"{base}-{n}"
     return candidate
+
+
+def quarantine_all(
+    reports: Iterable[CheckpointReport],
+    ckpt_dir: str | os.PathLike[str],
+    tag: str,
+    *,
+    now: float | None = None,
+    host: str | None = None,
+) -> tuple[QuarantineRecord, ...]:
+    """Quarantine each report's path (see :func:`quarantine`), listing ``ckpt_dir`` once."""
+    root = os.path.realpath(ckpt_dir)
+    try:
+        taken = set(os.listdir(root))
+    except OSError as exc:
+        return tuple(_not_moved(r, f"cannot list the checkpoint dir: {exc.strerror}") for r in reports)
+    host = host or socket.gethostname()
+    records = tuple(quarantine(r, ckpt_dir, tag, now=now, host=host, taken=taken) for r in reports)
+    if any(r.sidecar for r in records):
+        fsync_dir(root)  # once for every sidecar, not once per file
+    return records
 
 
 def quarantine(
@@ -65,14 +96,17 @@ def quarantine(
     *,
     now: float | None = None,
     host: str | None = None,
+    taken: set[str] | None = None,
 ) -> QuarantineRecord:
-    """Rename ``report.path`` to ``CORRUPT_<name>.<tag>`` in ``ckpt_dir`` and write the sidecar."""
+    """Rename ``report.path`` to ``CORRUPT_<name>.<tag>`` in ``ckpt_dir`` and write the sidecar.
+    ``taken``: the names in ``ckpt_dir`` when the caller has listed it (kept up to date here);
+    without it the directory is listed and the sidecar's rename made durable at once."""
     src = report.path
     name = os.path.basename(src.rstrip("/"))
 
     def record(ok: bool, dest: str | None, error: str | None, sidecar: str | None = None) -> QuarantineRecord:
         return QuarantineRecord(src, dest, ok, error, report.level, report.reason, report.format,
-                                report.step, sidecar)
+                                report.step, sidecar, report.trust.value, report.trust_names)
 
     root = os.path.realpath(ckpt_dir)
     if os.path.realpath(os.path.dirname(os.path.abspath(src.rstrip("/")))) != root:
@@ -89,16 +123,21 @@ def quarantine(
         target = os.path.realpath(src)
         if target != root and not target.startswith(root.rstrip(os.sep) + os.sep):
             return record(False, None, "symlink leaving the checkpoint dir: left alone")
-    try:
-        taken = set(os.listdir(root))
-    except OSError as exc:
-        return record(False, None, f"cannot list the checkpoint dir: {exc.strerror}")
-    dest_name = quarantine_name(name, tag, taken)
-    dest = os.path.join(os.path.dirname(os.path.abspath(src.rstrip("/"))), dest_name)
+    batch = taken is not None
+    if taken is None:
+        try:
+            taken = set(os.listdir(root))
+        except OSError as exc:
+            return record(False, None, f"cannot list the checkpoint dir: {exc.strerror}")
+    parent = os.path.dirname(os.path.abspath(src.rstrip("/")))
+    dest_name = quarantine_name(name, tag, taken, exists=lambda n: os.path.lexists(os.path.join(parent, n)))
+    dest = os.path.join(parent, dest_name)
     try:
         os.rename(src, dest)  # atomic within the directory; renames a symlink itself
     except OSError as exc:
         return record(False, None, f"rename failed ({exc.strerror or exc}): left in place, nothing lost")
+    taken.discard(name)
+    taken.update((dest_name, f"{dest_name}.json"))
     when = time.time() if now is None else now
     sidecar = dest + ".json"
     payload = {
@@ -113,16 +152,42 @@ def quarantine(
         "is_symlink": report.link_target is not None,
         "link_target": report.link_target,
         "size_at_move": st_link.st_size,
+        "trust": report.trust.value,  # hostile: names a code-execution primitive (trust_names)
+        "trust_names": list(report.trust_names),
         "time": when,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)),
         "host": host or socket.gethostname(),
         "tag": tag,
     }
     try:
-        atomic_write_bytes(sidecar, (json.dumps(payload, indent=2) + "\n").encode())
+        _write_sidecar(sidecar, (json.dumps(payload, indent=2) + "\n").encode(), durable=not batch)
     except OSError as exc:
         return record(True, dest, f"moved, but the sidecar could not be written ({exc.strerror or exc})")
     return record(True, dest, None, sidecar)
+
+
+def _write_sidecar(path: str, data: bytes, *, durable: bool) -> None:
+    """Temp file + rename, the temp file fsynced; the directory fsynced here only when ``durable``
+    (a batch fsyncs it once at the end)."""
+    if durable:
+        atomic_write_bytes(path, data)
+        return
+    tmp = temp_path_for(path)
+    try:
+        with open(tmp, "xb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _not_moved(report: CheckpointReport, error: str) -> QuarantineRecord:
+    return QuarantineRecord(report.path, None, False, error, report.level, report.reason, report.format,
+                            report.step, None, report.trust.value, report.trust_names)
 
 
 def _safe(tag: str) -> str:

@@ -24,6 +24,7 @@ from .filecheck import check_file
 from .fsio import describe_oserror, file_kind
 from .naming import parse_name, unfinished_marker_names
 from .outcome import Outcome, unverifiable
+from .trust import Trust, TrustNote, collecting, file_trust
 
 log = logging.getLogger("supervisor.checkpoints")
 
@@ -50,9 +51,13 @@ class CheckpointReport:
     link_target: str | None = None  # what a symlink points to (as written in the link)
     link_outside: bool = False  # a symlink leaving the checkpoint dir: never followed or touched
     mtime: float | None = None  # newest mtime inside; informational only, never used to order
-    # False: a pickle in it names a global outside the allowlist, or could not be scanned to the
-    # end (over a scanner cap, unknown format). Never a resume point, whatever the verdict.
+    # False: a pickle in it could not be scanned to the end (over a scanner cap, unknown format) or
+    # names a code-execution primitive. Never a resume point, whatever the verdict.
     load_safe: bool = True
+    # The trust note beside the verdict (checkpoints/trust.py): which globals its pickles name.
+    # Untrusted is not torn: such a file stays a resume candidate unless require_trusted.
+    trust: Trust = Trust.TRUSTED
+    trust_names: tuple[str, ...] = ()  # the untrusted or hostile globals, "module.name"
 
     @property
     def ok(self) -> bool:
@@ -62,16 +67,24 @@ class CheckpointReport:
     def name(self) -> str:
         return os.path.basename(self.path.rstrip("/"))
 
+    @property
+    def trust_note(self) -> TrustNote:
+        return TrustNote(self.trust, self.trust_names)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["verdict"] = self.verdict.value
+        data["integrity"] = self.verdict.value
+        data["trust"] = self.trust.value
+        data["trust_names"] = list(self.trust_names)
         data["ok"] = self.ok
         return data
 
     def brief(self) -> dict[str, Any]:
         """The fields of a ``resume_point`` event's candidate list."""
         return {"path": self.path, "verdict": self.verdict.value, "step": self.step,
-                "level": self.level, "format": self.format, "reason": self.reason}
+                "level": self.level, "format": self.format, "reason": self.reason,
+                "trust": self.trust.value, "trust_names": list(self.trust_names[:8])}
 
 
 def validate(
@@ -140,8 +153,18 @@ def validate(
                               f"NeMo marker '{marker}' present and no writer is alive: the save never finished")
         return _report(base, outcome, st.st_size, st.st_mtime)
     is_dir = stat.S_ISDIR(st.st_mode)
-    with extra_safe_globals(extra_safe):
+    with extra_safe_globals(extra_safe), collecting() as notes:
         outcome = _run_ladder(raw, is_dir, st, deep, max_level)
+    # Each pickle scanned to its end records a note. None recorded: trusted only when the ladder
+    # reached the scan level and passed (safetensors, a directory of them: nothing names a global).
+    reached_scan = (is_dir or deep or max_level >= 3) and outcome.verdict is not Verdict.CORRUPT
+    note = file_trust(notes, fully_scanned=outcome.load_safe and (bool(notes) or reached_scan))
+    if note.trust is Trust.HOSTILE and outcome.verdict is not Verdict.CORRUPT:
+        # a hostile member the format check let pass (a training_args.bin HF never loads): the
+        # directory is forged or damaged all the same
+        outcome = outcome.but(verdict=Verdict.CORRUPT, load_safe=False,
+                              reason=f"hostile pickle inside: names {', '.join(note.names[:3])} ({note.reason}); "
+                                     f"{outcome.reason}")
     size, mtime = st.st_size, st.st_mtime
     if is_dir:
         try:
@@ -156,7 +179,21 @@ def validate(
         outcome = outcome.but(verdict=Verdict.IN_PROGRESS,
                               reason=f"modified {max(now - mtime, 0):.1f} s ago, may still be written "
                                      f"({outcome.reason})")
-    return _report(base, outcome, size, mtime, is_dir=is_dir, name_step=name_step)
+    return _report(base, outcome, size, mtime, is_dir=is_dir, name_step=name_step,
+                   trust=note.trust, trust_names=note.names)
+
+
+def fingerprint(path: str | os.PathLike[str]) -> tuple[int, float] | None:
+    """(size, mtime) of a checkpoint as :func:`validate` reports them (a directory: total bytes and
+    newest mtime inside): what a ``save_end`` event records, so a later scan can tell a file this
+    run wrote from one put there since. None when it cannot be read."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            return dir_size_and_mtime(os.fspath(path))
+        return st.st_size, st.st_mtime
+    except OSError:
+        return None
 
 
 def _run_ladder(path: str, is_dir: bool, st: os.stat_result, deep: bool, max_level: int) -> Outcome:
@@ -193,7 +230,8 @@ def _step_rule(outcome: Outcome, name_step: int | None) -> Outcome:
 
 
 def _report(base: dict, outcome: Outcome, size: int, mtime: float | None, **extra: Any) -> CheckpointReport:
-    fields = dict(base)
+    fields: dict[str, Any] = {"trust": Trust.UNSCANNED}  # paths that stop before any scan
+    fields.update(base)
     fields.update(extra)
     name_step = fields.get("name_step")
     step = name_step if name_step is not None else outcome.embedded_step

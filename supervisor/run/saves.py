@@ -18,6 +18,7 @@ from typing import Any
 
 from ..checkpoints import DirWatcher
 from ..checkpoints.naming import parse_name, step_from_name
+from ..checkpoints.validate import fingerprint
 from ..events import Ev
 from ..preemption import InFlightSave
 from .attempt import AttemptState, SaveRecord
@@ -56,8 +57,23 @@ def record_save(ctx: RunContext, state: AttemptState, step: Any, path: str, nbyt
     state.saves.append(SaveRecord(step_i, path, nbytes if isinstance(nbytes, int) else None,
                                   float(duration) if isinstance(duration, (int, float)) else None, ok, source, now))
     state.in_flight = None
+    mark = fingerprint(path) if ok else None  # size and mtime now: the file is this run's own (provenance)
     ctx.emit(Ev.SAVE_END, attempt=state.attempt, step=step_i, path=path, bytes=nbytes, duration=duration, ok=ok,
-             source=source)
+             source=source, size=mark[0] if mark else None, mtime=mark[1] if mark else None)
+
+
+def own_saves(events: list[Any]) -> dict[str, tuple[int, float]]:
+    """Path -> (size, mtime) of every checkpoint this run's child wrote, from the ``save_end``
+    events (the newest per path): a file that still matches is the user's own, trusted by
+    provenance whatever globals it names."""
+    out: dict[str, tuple[int, float]] = {}
+    for e in events:
+        size, mtime, path = e.get("size"), e.get("mtime"), e.get("path")
+        if (e.event != Ev.SAVE_END.value or not e.get("ok") or not isinstance(path, str)
+                or type(size) is not int or not isinstance(mtime, (int, float)) or isinstance(mtime, bool)):
+            continue
+        out[os.path.abspath(path)] = (size, float(mtime))
+    return out
 
 
 def client_owns_saves(state: AttemptState) -> bool:
