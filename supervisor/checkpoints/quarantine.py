@@ -167,8 +167,11 @@ def quarantine(
 
 
 def _write_sidecar(path: str, data: bytes, *, durable: bool) -> None:
-    """Temp file + rename, the temp file fsynced; the directory fsynced here only when ``durable``
-    (a batch fsyncs it once at the end)."""
+    """Temp file + rename, so a sidecar is whole or absent. ``durable``: fsynced file and directory
+    (one quarantine on its own). In a batch nothing is fsynced per file, which would cost a disk
+    flush per torn file (6 ms each here, 10 minutes for 100,000); the batch fsyncs the directory
+    once at the end. A sidecar only explains; the rename aside is what protects the run, and one
+    lost in a crash is simply done again by the next attempt."""
     if durable:
         atomic_write_bytes(path, data)
         return
@@ -176,8 +179,6 @@ def _write_sidecar(path: str, data: bytes, *, durable: bool) -> None:
     try:
         with open(tmp, "xb") as handle:
             handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
         os.rename(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
