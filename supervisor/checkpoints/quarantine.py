@@ -14,12 +14,13 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .atomic import atomic_write_bytes, fsync_dir, temp_path_for
+from .atomic import atomic_write_bytes, fsync_dir
 from .naming import QUARANTINE_PREFIX
 from .validate import CheckpointReport
 
@@ -83,7 +84,8 @@ def quarantine_all(
     except OSError as exc:
         return tuple(_not_moved(r, f"cannot list the checkpoint dir: {exc.strerror}") for r in reports)
     host = host or socket.gethostname()
-    records = tuple(quarantine(r, ckpt_dir, tag, now=now, host=host, taken=taken) for r in reports)
+    batch = _Batch(root, {os.path.abspath(ckpt_dir), root}, taken)
+    records = tuple(quarantine(r, ckpt_dir, tag, now=now, host=host, batch=batch) for r in reports)
     if any(r.sidecar for r in records):
         fsync_dir(root)  # once for every sidecar, not once per file
     return records
@@ -96,11 +98,11 @@ def quarantine(
     *,
     now: float | None = None,
     host: str | None = None,
-    taken: set[str] | None = None,
+    batch: _Batch | None = None,
 ) -> QuarantineRecord:
     """Rename ``report.path`` to ``CORRUPT_<name>.<tag>`` in ``ckpt_dir`` and write the sidecar.
-    ``taken``: the names in ``ckpt_dir`` when the caller has listed it (kept up to date here);
-    without it the directory is listed and the sidecar's rename made durable at once."""
+    ``batch`` (from :func:`quarantine_all`): the directory as already listed and resolved; without
+    it the directory is listed here and the sidecar made durable at once."""
     src = report.path
     name = os.path.basename(src.rstrip("/"))
 
@@ -108,8 +110,9 @@ def quarantine(
         return QuarantineRecord(src, dest, ok, error, report.level, report.reason, report.format,
                                 report.step, sidecar, report.trust.value, report.trust_names)
 
-    root = os.path.realpath(ckpt_dir)
-    if os.path.realpath(os.path.dirname(os.path.abspath(src.rstrip("/")))) != root:
+    root = batch.root if batch is not None else os.path.realpath(ckpt_dir)
+    parent = os.path.dirname(os.path.abspath(src.rstrip("/")))
+    if (batch is None or parent not in batch.spellings) and os.path.realpath(parent) != root:
         return record(False, None, "not directly inside the checkpoint dir: left alone")
     if report.link_outside:
         return record(False, None, "symlink leaving the checkpoint dir: left alone")
@@ -119,17 +122,17 @@ def quarantine(
         return record(False, None, "vanished before it could be moved")
     except OSError as exc:
         return record(False, None, f"cannot stat: {exc.strerror}")
-    if os.path.islink(src):
+    if stat.S_ISLNK(st_link.st_mode):
         target = os.path.realpath(src)
         if target != root and not target.startswith(root.rstrip(os.sep) + os.sep):
             return record(False, None, "symlink leaving the checkpoint dir: left alone")
-    batch = taken is not None
-    if taken is None:
+    if batch is not None:
+        taken = batch.taken
+    else:
         try:
             taken = set(os.listdir(root))
         except OSError as exc:
             return record(False, None, f"cannot list the checkpoint dir: {exc.strerror}")
-    parent = os.path.dirname(os.path.abspath(src.rstrip("/")))
     dest_name = quarantine_name(name, tag, taken, exists=lambda n: os.path.lexists(os.path.join(parent, n)))
     dest = os.path.join(parent, dest_name)
     try:
@@ -160,7 +163,7 @@ def quarantine(
         "tag": tag,
     }
     try:
-        _write_sidecar(sidecar, (json.dumps(payload, indent=2) + "\n").encode(), durable=not batch)
+        _write_sidecar(sidecar, (json.dumps(payload) + "\n").encode(), durable=batch is None)
     except OSError as exc:
         return record(True, dest, f"moved, but the sidecar could not be written ({exc.strerror or exc})")
     return record(True, dest, None, sidecar)
@@ -175,7 +178,8 @@ def _write_sidecar(path: str, data: bytes, *, durable: bool) -> None:
     if durable:
         atomic_write_bytes(path, data)
         return
-    tmp = temp_path_for(path)
+    head, tail = os.path.split(path)
+    tmp = os.path.join(head, f".{tail}.tmp-{os.getpid()}-{os.urandom(4).hex()}")  # as atomic.temp_path_for
     try:
         with open(tmp, "xb") as handle:
             handle.write(data)
@@ -184,6 +188,15 @@ def _write_sidecar(path: str, data: bytes, *, durable: bool) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One listing of the checkpoint dir shared by a batch of quarantines."""
+
+    root: str  # the directory, resolved
+    spellings: set[str]  # absolute spellings of it that need no realpath per file
+    taken: set[str]  # names in it, kept up to date as files are renamed
 
 
 def _not_moved(report: CheckpointReport, error: str) -> QuarantineRecord:
