@@ -46,7 +46,7 @@ def _mixed_dir(tmp_path: Path) -> Path:
     return d
 
 
-@pytest.mark.parametrize("require_trusted", [False, True])
+@pytest.mark.parametrize("require_trusted", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_script_saving_its_own_dataclass_resumes_after_a_crash_and_nothing_is_quarantined(
         tmp_path: Path, require_trusted: bool) -> None:
     """Without require_trusted the untrusted file is a candidate like any whole one; with it, the
