@@ -1,12 +1,13 @@
 """Quarantine cost against the number of torn files in one checkpoint directory.
 
     PYTHONPATH=. python benchmarks/bench_quarantine.py [--counts 10000,100000] [--dir /scratch/bench]
-        [--per-file-baseline 2000]
+        [--with-resume] [--per-file-baseline 2000]
 
 For each count N: N torn checkpoints (``step=<i>.ckpt``, a zip header and nothing else) are
-written, validated (L0-L3, outside the timing), then renamed aside with their sidecars by
+written (one is validated; the others' reports are copies of its report with their own path,
+outside the timing), then renamed aside with their sidecars by
 ``quarantine_all`` (one directory listing for the batch): that is the figure, target <= 10 s for
-100,000. Then the whole attempt-start path, ``find_resume_point(quarantine=True)`` over a fresh
+100,000. With ``--with-resume``, also the whole attempt-start path, ``find_resume_point(quarantine=True)`` over a fresh
 directory of N torn files (listing, validation, choice and quarantine), for reference.
 ``--per-file-baseline M`` also times M files through the one-at-a-time ``quarantine()`` call that
 lists the directory for each file (what the run loop did before): quadratic.
@@ -23,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from supervisor.checkpoints.quarantine import quarantine, quarantine_all
@@ -42,15 +44,18 @@ def make_torn(directory: Path, count: int) -> list[str]:
     return paths
 
 
-def bench(root: Path, count: int) -> dict[str, float]:
+def bench(root: Path, count: int, with_resume: bool) -> dict[str, float]:
     d = root / f"batch-{count}"
     paths = make_torn(d, count)
-    reports = [validate(p, writers_alive=False, max_level=1) for p in paths]
+    first = validate(paths[0], writers_alive=False, max_level=1)  # every file is torn the same way
+    reports = [replace(first, path=p, name_step=i, step=i) for i, p in enumerate(paths)]
     started, cpu = time.perf_counter(), time.process_time()
     records = quarantine_all(reports, d, "bench", now=0.0, host="bench")
     batch_s, batch_cpu = time.perf_counter() - started, time.process_time() - cpu
     assert all(r.ok for r in records) and len(os.listdir(d)) == 2 * count
     shutil.rmtree(d)
+    if not with_resume:
+        return {"count": count, "quarantine_all_s": batch_s, "quarantine_all_cpu_s": batch_cpu}
 
     d = root / f"resume-{count}"
     make_torn(d, count)
@@ -80,6 +85,7 @@ def main() -> None:
     p.add_argument("--counts", default="10000,100000")
     p.add_argument("--dir", default=None, help="where to write the files [a temp dir]")
     p.add_argument("--per-file-baseline", type=int, default=0)
+    p.add_argument("--with-resume", action="store_true", help="also time find_resume_point end to end")
     args = p.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-quarantine-", dir=args.dir))
     try:
@@ -88,9 +94,11 @@ def main() -> None:
         print("| torn files | quarantine_all: wall (CPU) | find_resume_point, list + validate + quarantine: wall (CPU) |")
         print("|---:|---:|---:|")
         for count in (int(c) for c in args.counts.split(",")):
-            row = bench(root, count)
+            row = bench(root, count, args.with_resume)
+            resume = (f"{row['find_resume_point_s']:.2f} s ({row['find_resume_point_cpu_s']:.2f} s)"
+                      if args.with_resume else "not run")
             print(f"| {count:,} | {row['quarantine_all_s']:.2f} s ({row['quarantine_all_cpu_s']:.2f} s) "
-                  f"| {row['find_resume_point_s']:.2f} s ({row['find_resume_point_cpu_s']:.2f} s) |", flush=True)
+                  f"| {resume} |", flush=True)
         if args.per_file_baseline:
             n = args.per_file_baseline
             print(f"\nper-file quarantine() (lists the directory each time), {n:,} files: "
