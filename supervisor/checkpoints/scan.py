@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,10 +16,10 @@ from ..states import Verdict
 from . import formats as F
 from .fsio import describe_oserror
 from .naming import has_checkpoint_suffix, is_ignored_name, parse_name
-from .quarantine import QuarantineRecord
-from .quarantine import quarantine as quarantine_checkpoint
+from .quarantine import QuarantineRecord, quarantine_all
 from .quarantine import quarantine_tag as default_tag
-from .resume import ResumeDecision, choose_resume_point
+from .resume import Fingerprints, ResumeDecision, choose_resume_point, is_usable
+from .trust import Trust
 from .validate import CheckpointReport, validate
 
 # A CORRUPT verdict on anything modified more recently than this is reported IN_PROGRESS and
@@ -96,6 +96,7 @@ class ResumeResult:
     chosen: CheckpointReport | None = field(default=None, repr=False)
     deep_checked: tuple[str, ...] = ()  # paths CRC-checked (L4) while confirming the choice
     error: str | None = None  # the checkpoint dir exists but could not be listed (EACCES, EIO...)
+    trust: str | None = None  # the chosen one's trust note: "untrusted (names __main__.Cfg), written by this run"
 
     @property
     def found(self) -> bool:
@@ -111,6 +112,7 @@ class ResumeResult:
             "candidates": list(self.candidates),
             "quarantined": [q.path for q in self.quarantined if q.ok],
             "quarantine_failed": [q.path for q in self.quarantined if not q.ok],
+            "trust": self.trust,
         }
 
     def quarantine_events(self) -> list[dict[str, Any]]:
@@ -138,6 +140,8 @@ def find_resume_point(
     extra_safe_globals: Iterable[str] = (),
     step_from: str | None = None,
     recorded_steps: Mapping[str, RecordedStep] | None = None,
+    require_trusted: bool = False,
+    own: Fingerprints | None = None,
 ) -> ResumeResult:
     """Validate ``ckpt_dir``, choose the resume point, and with ``deep_confirm`` CRC-check (L4)
     the chosen one, falling back to the next candidate while the check finds damage; an
@@ -148,7 +152,9 @@ def find_resume_point(
     (``"pkg.mod:Class"``) a user declared safe, on top of the allowlist. ``step_from``: the user's
     rule for the step (config ``checkpoint.step_from``). ``recorded_steps``: path -> the step the
     log reported when that checkpoint was saved (from the event log), the last source of a step
-    (supervisor/checkpoints/stepsource.py). Never raises for a missing
+    (supervisor/checkpoints/stepsource.py). ``require_trusted``: an untrusted file is a resume point
+    only when this run wrote it (``own``: path -> size and mtime from its ``save_end``); it is never
+    touched either way. Never raises for a missing
     or unlistable dir or a read-only filesystem: the result says so (``error``).
 
     Cost stays flat with the number of checkpoints: step checkpoints are checked newest first
@@ -169,12 +175,15 @@ def find_resume_point(
         return ResumeResult(root, None, None, reason, (), error=reason)
     opts = _Opts(root, names, now, quiet_s, writers_alive, tuple(extra_safe_globals), step_from,
                  dict(recorded_steps or {}))
+    own = {os.path.abspath(p): fp for p, fp in (own or {}).items()}
     known: dict[str, CheckpointReport] = {}
     quick: dict[str, CheckpointReport | None] = {}
     deep_checked: list[str] = []
     while True:
-        reports = _reports_for_resume(paths, known, quick, opts, want_valid=deep_confirm)
-        decision = choose_resume_point(reports, require_verified=deep_confirm)
+        reports = _reports_for_resume(paths, known, quick, opts, want_valid=deep_confirm,
+                                      usable=lambda r: is_usable(r, require_trusted=require_trusted, own=own))
+        decision = choose_resume_point(reports, require_verified=deep_confirm, require_trusted=require_trusted,
+                                       own=own)
         chosen = decision.chosen
         if not deep_confirm or chosen is None or chosen.path in deep_checked:
             break
@@ -188,7 +197,7 @@ def find_resume_point(
     records: tuple[QuarantineRecord, ...] = ()
     if quarantine and decision.to_quarantine:
         tag = quarantine_tag or default_tag(now=now)
-        records = tuple(quarantine_checkpoint(r, root, tag, now=now) for r in decision.to_quarantine)
+        records = quarantine_all(decision.to_quarantine, root, tag, now=now)
     return _result(root, decision, records, deep_checked)
 
 
@@ -229,7 +238,7 @@ def _validate(path: str, deep: bool, opts: _Opts, max_level: int = 3) -> Checkpo
         return CheckpointReport(path=path, format=F.UNKNOWN, verdict=Verdict.UNVERIFIABLE, level=0,
                                 reason=f"cannot stat: {describe_oserror(exc)}", size=0,
                                 step=parse_name(name).step, name_step=parse_name(name).step,
-                                load_safe=False)
+                                load_safe=False, trust=Trust.UNSCANNED)
 
 
 def _log_step(path: str, opts: _Opts) -> int | None:
@@ -246,10 +255,10 @@ def _log_step(path: str, opts: _Opts) -> int | None:
 
 def _reports_for_resume(paths: list[str], known: dict[str, CheckpointReport],
                         quick: dict[str, CheckpointReport | None], opts: _Opts, *,
-                        want_valid: bool = False) -> list[CheckpointReport]:
+                        want_valid: bool = False,
+                        usable: Callable[[CheckpointReport], bool] = is_usable) -> list[CheckpointReport]:
     """Full reports down to the first usable step checkpoint (the first VALID one with
     ``want_valid``), quick (L1) ones below it."""
-    from .resume import is_usable
 
     def full(path: str) -> CheckpointReport | None:
         if path not in known:
@@ -268,7 +277,7 @@ def _reports_for_resume(paths: list[str], known: dict[str, CheckpointReport],
     for path, info in named:
         if anchor_step is None or info.step == anchor_step:
             report = full(path)
-            if (report is not None and anchor_step is None and is_usable(report)
+            if (report is not None and anchor_step is None and usable(report)
                     and (not want_valid or report.verdict is Verdict.VALID)):
                 anchor_step = info.step
         else:
@@ -295,4 +304,5 @@ def _result(root: str, decision: ResumeDecision, records: tuple[QuarantineRecord
         reports=decision.candidates,
         chosen=decision.chosen,
         deep_checked=tuple(deep_checked),
+        trust=decision.trust_note,
     )

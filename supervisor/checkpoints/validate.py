@@ -26,6 +26,7 @@ from .naming import parse_name, unfinished_marker_names
 from .outcome import Outcome, unverifiable
 from .picklescan import step_keys, user_step_key
 from .stepsource import StepChoice, StepEvidence, StepRule, choose_step, is_accelerate_state_dir, parse_step_rule
+from .trust import Trust, TrustNote, collecting, file_trust
 
 log = logging.getLogger("supervisor.checkpoints")
 
@@ -52,11 +53,15 @@ class CheckpointReport:
     link_target: str | None = None  # what a symlink points to (as written in the link)
     link_outside: bool = False  # a symlink leaving the checkpoint dir: never followed or touched
     mtime: float | None = None  # newest mtime inside; informational only, never used to order
-    # False: a pickle in it names a global outside the allowlist, or could not be scanned to the
-    # end (over a scanner cap, unknown format). Never a resume point, whatever the verdict.
+    # False: a pickle in it could not be scanned to the end (over a scanner cap, unknown format) or
+    # names a code-execution primitive. Never a resume point, whatever the verdict.
     load_safe: bool = True
     step_source: str | None = None  # where ``step`` came from (supervisor/checkpoints/stepsource.py)
     index: int | None = None  # a save index in the name (Accelerate checkpoint_<i>): orders saves only
+    # The trust note beside the verdict (checkpoints/trust.py): which globals its pickles name.
+    # Untrusted is not torn: such a file stays a resume candidate unless require_trusted.
+    trust: Trust = Trust.TRUSTED
+    trust_names: tuple[str, ...] = ()  # the untrusted or hostile globals, "module.name"
 
     @property
     def step_described(self) -> str:
@@ -71,16 +76,24 @@ class CheckpointReport:
     def name(self) -> str:
         return os.path.basename(self.path.rstrip("/"))
 
+    @property
+    def trust_note(self) -> TrustNote:
+        return TrustNote(self.trust, self.trust_names)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["verdict"] = self.verdict.value
+        data["integrity"] = self.verdict.value
+        data["trust"] = self.trust.value
+        data["trust_names"] = list(self.trust_names)
         data["ok"] = self.ok
         return data
 
     def brief(self) -> dict[str, Any]:
         """The fields of a ``resume_point`` event's candidate list."""
         return {"path": self.path, "verdict": self.verdict.value, "step": self.step,
-                "step_source": self.step_source, "level": self.level, "format": self.format, "reason": self.reason}
+                "step_source": self.step_source, "level": self.level, "format": self.format, "reason": self.reason,
+                "trust": self.trust.value, "trust_names": list(self.trust_names[:8])}
 
 
 def validate(
@@ -156,11 +169,22 @@ def validate(
         return _report(base, outcome, st.st_size, st.st_mtime)
     is_dir = stat.S_ISDIR(st.st_mode)
     rule = base["_rule"]
-    with extra_safe_globals(extra_safe), user_step_key(rule.arg if rule is not None and rule.kind == "key" else None):
+    with extra_safe_globals(extra_safe), collecting() as notes, \
+            user_step_key(rule.arg if rule is not None and rule.kind == "key" else None):
         outcome = _run_ladder(raw, is_dir, st, deep, max_level)
     if info.index is not None and not (is_dir and _accelerate_dir(raw)):
         name_step = info.index  # checkpoint_<N> that Accelerate did not write: N is the step
         base["name_step"], base["_index"] = name_step, None
+    # Each pickle scanned to its end records a note. None recorded: trusted only when the ladder
+    # reached the scan level and passed (safetensors, a directory of them: nothing names a global).
+    reached_scan = (is_dir or deep or max_level >= 3) and outcome.verdict is not Verdict.CORRUPT
+    note = file_trust(notes, fully_scanned=outcome.load_safe and (bool(notes) or reached_scan))
+    if note.trust is Trust.HOSTILE and outcome.verdict is not Verdict.CORRUPT:
+        # a hostile member the format check let pass (a training_args.bin HF never loads): the
+        # directory is forged or damaged all the same
+        outcome = outcome.but(verdict=Verdict.CORRUPT, load_safe=False,
+                              reason=f"hostile pickle inside: names {', '.join(note.names[:3])} ({note.reason}); "
+                                     f"{outcome.reason}")
     size, mtime = st.st_size, st.st_mtime
     if is_dir:
         try:
@@ -175,7 +199,21 @@ def validate(
         outcome = outcome.but(verdict=Verdict.IN_PROGRESS,
                               reason=f"modified {max(now - mtime, 0):.1f} s ago, may still be written "
                                      f"({outcome.reason})")
-    return _report(base, outcome, size, mtime, is_dir=is_dir, name_step=name_step)
+    return _report(base, outcome, size, mtime, is_dir=is_dir, name_step=name_step,
+                   trust=note.trust, trust_names=note.names)
+
+
+def fingerprint(path: str | os.PathLike[str]) -> tuple[int, float] | None:
+    """(size, mtime) of a checkpoint as :func:`validate` reports them (a directory: total bytes and
+    newest mtime inside): what a ``save_end`` event records, so a later scan can tell a file this
+    run wrote from one put there since. None when it cannot be read."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            return dir_size_and_mtime(os.fspath(path))
+        return st.st_size, st.st_mtime
+    except OSError:
+        return None
 
 
 def _run_ladder(path: str, is_dir: bool, st: os.stat_result, deep: bool, max_level: int) -> Outcome:
@@ -212,7 +250,8 @@ def _step_rule(outcome: Outcome, name_step: int | None) -> Outcome:
 
 
 def _report(base: dict, outcome: Outcome, size: int, mtime: float | None, **extra: Any) -> CheckpointReport:
-    fields = {k: v for k, v in base.items() if not k.startswith("_")}
+    fields: dict[str, Any] = {"trust": Trust.UNSCANNED}  # paths that stop before any scan
+    fields.update({k: v for k, v in base.items() if not k.startswith("_")})
     fields.update(extra)
     choice = choose_step(StepEvidence(
         name=base.get("_name", ""), name_step=fields.get("name_step") if base.get("_index") is None else None,

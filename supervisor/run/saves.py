@@ -19,6 +19,7 @@ from typing import Any
 from ..checkpoints import DirWatcher
 from ..checkpoints.naming import has_checkpoint_suffix, parse_name, step_from_name
 from ..checkpoints.stepsource import StepChoice, StepEvidence, choose_step, is_accelerate_state_dir, parse_step_rule
+from ..checkpoints.validate import fingerprint
 from ..events import Ev
 from ..preemption import InFlightSave
 from .attempt import AttemptState, SaveRecord
@@ -76,8 +77,24 @@ def record_save(ctx: RunContext, state: AttemptState, step: Any, path: str, nbyt
     state.in_flight = None
     if step_source is None and step_i is not None:
         step_source = source  # the client said it
+    mark = fingerprint(path) if ok else None  # size and mtime now: the file is this run's own (provenance)
     ctx.emit(Ev.SAVE_END, attempt=state.attempt, step=step_i, path=path, bytes=nbytes, duration=duration, ok=ok,
-             source=source, step_source=step_source)
+             source=source, step_source=step_source, size=mark[0] if mark else None,
+             mtime=mark[1] if mark else None)
+
+
+def own_saves(events: list[Any]) -> dict[str, tuple[int, float]]:
+    """Path -> (size, mtime) of every checkpoint this run's child wrote, from the ``save_end``
+    events (the newest per path): a file that still matches is the user's own, trusted by
+    provenance whatever globals it names."""
+    out: dict[str, tuple[int, float]] = {}
+    for e in events:
+        size, mtime, path = e.get("size"), e.get("mtime"), e.get("path")
+        if (e.event != Ev.SAVE_END.value or not e.get("ok") or not isinstance(path, str)
+                or type(size) is not int or not isinstance(mtime, (int, float)) or isinstance(mtime, bool)):
+            continue
+        out[os.path.abspath(path)] = (size, float(mtime))
+    return out
 
 
 def client_owns_saves(state: AttemptState) -> bool:
