@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from .private import OWNER_ONLY, append_fd, write_atomic
+
 # The launcher shim (``python -S -c _SHIM PPID SHIELD WATCH_FD MARKER CMD...``), run in the child's new
 # session before it becomes the training command:
 #   1. PDEATHSIG=SIGKILL for itself, and exit if the supervisor is already gone;
@@ -118,7 +120,7 @@ except OSError as exc:
     sys.stderr.write("supervise: cannot start %r: %s\n" % (cmd[0], exc.strerror))
     os._exit(127)
 """
-LOG_MODE = 0o640  # attempt logs hold the training's output: owner and group, never other users
+LOG_MODE = OWNER_ONLY  # the training's raw output (unredacted): its owner alone (docs/security.md)
 TREE_ENV = "SUPERVISOR_PROCESS_TREE"  # set by the shim in the child's environment: the tree's marker
 READ_BYTES = 1 << 20  # one read of the child's output takes up to this much (the pipe holds PIPE_BYTES)
 PIPE_BYTES = 1 << 20  # Linux's default limit for an unprivileged F_SETPIPE_SZ (/proc/sys/fs/pipe-max-size)
@@ -325,7 +327,7 @@ class Child:
     def start(self) -> None:
         spec = self.spec
         spec.log_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(spec.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, LOG_MODE)
+        fd = append_fd(spec.log_path, LOG_MODE, cloexec=False)
         self._log = open(fd, "ab", buffering=0)  # noqa: SIM115 - closed by finish()
         watch_r = -1
         if spec.watchdog:
@@ -569,7 +571,7 @@ class Child:
             try:
                 res = subprocess.run([pyspy, "dump", "--pid", str(pid)], check=False, capture_output=True,
                                      text=True, timeout=20)
-                out_path.write_text(res.stdout + res.stderr)
+                write_atomic(out_path, (res.stdout + res.stderr).encode("utf-8", "replace"), OWNER_ONLY)
                 return f"py-spy dump written to {out_path}"
             except (OSError, subprocess.SubprocessError) as exc:
                 note = f"py-spy failed ({exc}); "

@@ -364,7 +364,7 @@ def _set_dotted(target: dict[str, Any], dotted: str, value: Any, source: str = "
 def _parse_scalar(text: str) -> Any:
     """Environment and ``--set`` values are YAML scalars: ``5``, ``0.5``, ``true``, ``null``, ``[TERM]``."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_StrictLoader)  # no aliases: a value cannot expand to gigabytes
     except (yaml.YAMLError, RecursionError, ValueError):  # ValueError: an int of over 4300 digits
         return text
 
@@ -562,7 +562,20 @@ def _check_placeholders(key: str, template: str) -> None:
 
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last silently, so
-    a second ``policy:`` section would erase the first without a word)."""
+    a second ``policy:`` section would erase the first without a word), and refuses anchors and
+    aliases when the document is composed, before anything is built: a few lines of nested
+    aliases ("billion laughs") expand to gigabytes, and a config has no need of them."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor} not allowed in a config file "
+                                              "(write the value out)", event.start_mark)
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            raise yaml.composer.ComposerError(None, None, f"anchor &{anchor} not allowed in a config file "
+                                              "(write the value out)", event.start_mark)
+        return super().compose_node(parent, index)
 
 
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:

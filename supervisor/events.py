@@ -32,11 +32,14 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from .private import GROUP_READ, append_fd
+from .redact import redact_value
+
 if TYPE_CHECKING:  # annotations only
     from typing_extensions import Self
 
 FORMAT_VERSION = 1
-LOG_MODE = 0o640  # the log holds argv and output excerpts: owner and group, never other users
+LOG_MODE = GROUP_READ  # argv and output excerpts, redacted: owner and group (docs/security.md)
 BACKLOG = 256  # records kept in memory while the disk refuses them
 MAX_STEP = 2**53  # the control channel's bound on steps (supervisor.control.MAX_STEP)
 _MAX_INT = 2**63
@@ -259,7 +262,7 @@ class EventLog:
     def _open(self) -> bool:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, LOG_MODE)
+            fd = append_fd(self.path, LOG_MODE)
             st = os.fstat(fd)
         except OSError as exc:
             self._failure = f"cannot open it: {_short_error(exc)}"
@@ -352,7 +355,7 @@ class EventLog:
     def emit(self, event: Ev | str, **fields: Any) -> Event:
         """Record ``event`` now. Returns the Event whether or not the disk took it."""
         name = event.value if isinstance(event, Ev) else str(event)
-        ev = Event(name, self._clock(), fields)
+        ev = Event(name, self._clock(), redact_value(fields))  # no credential reaches the file
         try:
             data = (ev.to_json() + "\n").encode("utf-8", "backslashreplace")
         except (TypeError, ValueError, RecursionError):  # a circular or NaN-keyed value: keep what we can

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RunLockedError
+from .private import GROUP_READ, write_atomic
 
 LOCK_MODE = 0o644  # as filelock creates it: the file holds nothing
 _ACQUIRE_TRIES = 5  # the path may be replaced between open and flock; retry a few times
@@ -117,10 +118,8 @@ class RunLock:
             "step_id": environ.get("SLURM_STEP_ID"),
             "started": time.time(),
         }
-        tmp = self._owner_path.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(owner))
-            os.replace(tmp, self._owner_path)
+            write_atomic(self._owner_path, json.dumps(owner).encode(), GROUP_READ, durable=False)
         except OSError:
             pass  # the note is a courtesy to the next supervisor; the flock is the lock
 

@@ -18,15 +18,17 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from .config import SupervisorConfig
+from .private import OWNER_ONLY, write_atomic
+from .redact import redact_env, redact_value
 
 MANIFEST_VERSION = 1
+MANIFEST_MODE = OWNER_ONLY  # the attempt's environment is in it (docs/security.md)
 
 # Environment variables that change numerics or scheduling of GPU work (NCCL_* are added by prefix).
 DETERMINISM_VARS = (
@@ -40,6 +42,15 @@ DETERMINISM_VARS = (
     "OMP_NUM_THREADS",
 )
 DETERMINISM_PREFIXES = ("NCCL_",)
+
+# Recorded with their values whatever their names: which devices the attempt saw and how they were
+# driven decide whether a GPU fault reproduces (supervise diagnose reruns with them).
+GPU_ENV_NAMES = frozenset({"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                           "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL", "CUDA_LAUNCH_BLOCKING", "OMP_NUM_THREADS",
+                           "CUDA_DEVICE_ORDER", "CUDA_MODULE_LOADING"})
+GPU_ENV_PREFIXES = ("TORCH_", "NCCL_", "PYTORCH_", "CUBLAS_", "CUDNN_", "NVIDIA_", "TORCHINDUCTOR_", "TRITON_")
+# Re-made by every attempt (and by diagnose): the control channel's key above all, never recorded.
+_PER_ATTEMPT_PREFIX = "SUPERVISOR_"
 
 _PYTHON_NAME = re.compile(r"^(python|pypy)(\d+(\.\d+)*)?[a-z]?$")
 _PIP_TRAMPOLINE = re.compile(r"'''exec' \"?([^\"\s]+)")
@@ -155,6 +166,18 @@ def determinism_env(environ: Mapping[str, str]) -> dict[str, str | None]:
         if name.startswith(DETERMINISM_PREFIXES):
             out[name] = environ[name]
     return out
+
+
+def environment_record(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The attempt's environment as ``supervise diagnose`` reruns it: every variable except the
+    supervisor's own per-attempt ones; credential-named values replaced by ``[REDACTED]`` (the name
+    kept, so a rerun can say it took the current shell's value), token shapes in other values
+    redacted; the GPU visibility and CUDA/NCCL/torch variables always kept as they were."""
+    keep = {k: v for k, v in environ.items() if not k.startswith(_PER_ATTEMPT_PREFIX)}
+    gpu = {k: v for k, v in keep.items() if k in GPU_ENV_NAMES or k.startswith(GPU_ENV_PREFIXES)}
+    variables, redacted = redact_env({k: v for k, v in keep.items() if k not in gpu})
+    variables.update(gpu)
+    return {"variables": dict(sorted(variables.items())), "redacted": sorted(redacted)}
 
 
 def parse_nvidia_smi(text: str) -> list[dict[str, str]]:
@@ -370,6 +393,7 @@ def collect_manifest(
         "hosts": {"hostname": socket.gethostname(), "nodelist": environ.get("SLURM_JOB_NODELIST")},
         "slurm": {k: environ[k] for k in sorted(environ) if k.startswith("SLURM_")},
         "determinism": determinism_env(environ),
+        "environment": environment_record(environ),
     }
     timed_out = []
     for name, fut in futures.items():
@@ -386,24 +410,12 @@ def collect_manifest(
 
 
 def write_manifest(path: Path, manifest: Mapping[str, Any]) -> None:
-    """Atomic write: a reader (or a killed supervisor) never sees half a manifest."""
+    """Atomic write (a reader, or a killed supervisor, never sees half a manifest), credentials
+    redacted (argv, config, environment), owner only: it holds the attempt's environment."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide provenance from the rest of the project
-        with os.fdopen(fd, "w") as fh:
-            json.dump(manifest, fh, indent=2, sort_keys=False, default=str)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    clean = redact_value(dict(manifest))
+    write_atomic(path, (json.dumps(clean, indent=2, sort_keys=False, default=str) + "\n").encode(), MANIFEST_MODE)
 
 
 def read_manifest(path: Path) -> dict[str, Any] | None:

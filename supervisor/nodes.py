@@ -27,12 +27,14 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from .config import NodesConfig
+from .private import OWNER_ONLY, append_fd, tighten
+from .redact import redact_text
 
 log = logging.getLogger("supervisor.nodes")
 
@@ -149,6 +151,8 @@ class NodeLedger:
 
     def append(self, record: NodeRecord) -> bool:
         """Write one record; True when it landed. Never raises (the ledger is advice)."""
+        record = replace(record, detail=redact_text(record.detail) if record.detail else record.detail,
+                         label=redact_text(record.label) if record.label else record.label)
         data = (record.to_json() + "\n").encode("utf-8", "backslashreplace")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,7 +161,7 @@ class NodeLedger:
             return False
         from filelock import FileLock, Timeout
 
-        lock = FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT)
+        lock = FileLock(str(self.lock_path), timeout=LOCK_TIMEOUT, mode=OWNER_ONLY)
         try:
             with lock:
                 self._rotate_if_full(len(data))
@@ -192,7 +196,7 @@ class NodeLedger:
 
     def _write(self, data: bytes) -> bool:
         try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = append_fd(self.path, OWNER_ONLY)  # per user, and tightened when it pre-exists wider
         except OSError as exc:
             log.warning("node ledger %s: cannot open it (%s)", self.path, exc.strerror or exc)
             return False
@@ -216,6 +220,7 @@ class NodeLedger:
         for path in (self.rotated_path, self.path):
             try:
                 with open(path, "rb") as fh:
+                    _tighten_if_ours(fh.fileno())
                     for raw in fh:
                         rec = parse_record(raw.decode("utf-8", "replace"))
                         if rec is None:
@@ -228,6 +233,16 @@ class NodeLedger:
             records = records[-MAX_RECORDS:]
         records.sort(key=lambda r: r.ts)
         return LedgerRead(records, bad)
+
+
+def _tighten_if_ours(fd: int) -> None:
+    """A ledger an earlier version left readable by others becomes the owner's alone when it is
+    read too, not only at the next write (a run without failures writes nothing)."""
+    try:
+        if os.fstat(fd).st_uid == os.getuid():
+            tighten(fd, OWNER_ONLY)
+    except OSError:
+        pass
 
 
 def current_exclusions(ledger: NodeLedger, now: float, policy: NodesConfig,

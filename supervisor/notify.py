@@ -58,6 +58,7 @@ from tenacity import (
 from . import __version__
 from .config import NotifyConfig
 from .ledger import RESULTS_CHECK_CLASSES
+from .redact import redact_text, redact_value
 
 log = logging.getLogger("supervisor.notify")
 
@@ -272,7 +273,7 @@ class Notifier:
         if n is None or n.event not in self.wanted or n.key in self._told:
             return
         self._told.add(n.key)
-        payload = build_payload(n, self.run, self.clock())
+        payload = redact_value(build_payload(n, self.run, self.clock()))  # body, and the command's env
         try:
             self._queue.put_nowait(payload)
         except queue.Full:
@@ -346,7 +347,7 @@ class Notifier:
         retrying(send)
 
     def _record_failure(self, payload: Mapping[str, Any], channel: str, error: str) -> None:
-        message = f"{payload.get('event')} via {channel}: {error}"
+        message = redact_text(f"{payload.get('event')} via {channel}: {error}")
         with self._lock:
             self.stats.failed += 1
             self.stats.errors = (self.stats.errors + [message])[-5:]

@@ -66,6 +66,22 @@ DEFAULT_STEP_PATTERNS: tuple[tuple[str, str, str], ...] = (
 )
 
 _EPOCH = re.compile(r"\bepochs?\b", _FLAGS)
+# A loop beside training: evaluation, validation, test, warm-up, sanity checks, generation. Its
+# counters ("eval step 3/50", "Warmup: step 0/2000", "Iter(val) [10/500]") are activity, not the
+# global step. The word counts when it names the counter (right before it, or before an "i/N"
+# counter on the same line); "step 2000: train loss 1.7, val loss 1.9" names the training step.
+_SIDE_WORDS = (r"eval(?:uation|uating|uate)?|valid(?:ation|ating)?|val|test(?:ing)?|warm[ -]?up|warming[ -]up"
+               r"|sanity(?:[ _-]check(?:ing)?)?|predict(?:ion|ing)?|inference|generat(?:ion|ing|e)|sampl(?:e|ing)"
+               r"|dev|calibrat(?:ion|ing)|profil(?:e|ing)|benchmark(?:ing)?")
+_SIDE_LOOP = re.compile(rf"(?<![a-z0-9])(?:{_SIDE_WORDS})(?![a-z0-9])", _FLAGS)
+_SIDE_ATTACHED = re.compile(rf"(?<![a-z0-9])(?:{_SIDE_WORDS})[\s:_\-|\[\]()]*(?:dataloader\s*\d*\s*:?\s*)?$", _FLAGS)
+# A setting that names a number of steps, not progress: "max step 500000", "total iters 1000",
+# "save steps 500", "warmup steps: 2000" (config dumps, argument printouts). The qualifier sits
+# right before the keyword ("max_steps" never matches the keyword: "_" is a word character).
+_QUALIFIER = re.compile(r"(?<![a-z0-9])(?:max(?:imum)?|min(?:imum)?|total|num|number of|n|save|saving|log|logging"
+                        r"|print|checkpoint(?:ing)?|ckpt|decay|remaining|target|accum(?:ulation)?|per|every|each"
+                        r"|until)[\s_-]*$", _FLAGS)
+_FRACTION_AFTER = re.compile(r"\s*/\s*\d+")
 # File paths and checkpoint names carry step numbers that are not progress ("resuming from
 # ckpt/step=3000.ckpt", "saving to out/checkpoint-1500"): the default patterns never read inside them.
 _PATHLIKE = re.compile(r"(?<!\S)(?:\.{0,2}/|~/|[^\s/]+/[^\s/]+/)\S*"
@@ -107,6 +123,8 @@ class StepMatch:
     value: int
     progress_only: bool
     pattern: str  # which pattern matched ("user" for a step_regex)
+    shape: str = ""  # what kind of line it is (see :func:`line_shape`): one line's steps agree with each other
+    bare_bar: bool = False  # a tqdm bar that names no epoch and no side loop: may count global steps (BarEvidence)
 
 
 class StepExtractor:
@@ -135,7 +153,7 @@ class StepExtractor:
                 text = _PATHLIKE.sub(" ", text)
         epoch_line: bool | None = None
         for name, regex, scope in self._patterns:
-            found = regex.search(text)
+            found = self._first_match(name, regex, text)
             if found is None:
                 continue
             try:
@@ -147,21 +165,158 @@ class StepExtractor:
                 if digits:
                     self.rejected += 1
                 continue
-            if scope == "global":
-                return StepMatch(value, False, name)
             if epoch_line is None:
                 epoch_line = bool(_EPOCH.search(text))
+            shape = line_shape(name, text, found, digits)
+            if scope == "global":
+                return StepMatch(value, False, name, shape)
+            side = not self.user and side_loop_counter(text, found)
             if scope == "counter":
-                return StepMatch(value, epoch_line, name)
+                return StepMatch(value, epoch_line or side, name, shape)
             desc = text[:found.start()]  # a tqdm bar's description: what it counts
-            global_bar = name.startswith("tqdm") and not epoch_line and bool(_STEPS_DESC.search(desc))
-            return StepMatch(value, not global_bar, name)
+            plain_bar = name.startswith("tqdm") and not epoch_line and not side
+            global_bar = plain_bar and bool(_STEPS_DESC.search(desc))
+            return StepMatch(value, not global_bar, name, shape, bare_bar=plain_bar and not global_bar)
+        return None
+
+    def _first_match(self, name: str, regex: re.Pattern[str], text: str) -> re.Match[str] | None:
+        """The first match of a default keyword pattern that is not a setting ("max step 500000")."""
+        if self.user or name != "step_keyword":
+            return regex.search(text)
+        for found in regex.finditer(text):
+            if not _QUALIFIER.search(text, max(0, found.start() - 32), found.start()):
+                return found
         return None
 
     def extract(self, line: str) -> int | None:
         """The global step in ``line``, or None (progress-only counters give None)."""
         found = self.match(line)
         return None if found is None or found.progress_only else found.value
+
+
+_SHAPE_DIGITS = re.compile(r"[0-9]+")
+
+
+def line_shape(pattern: str, text: str, found: re.Match[str], digits: str) -> str:
+    """What kind of line a counter sits in: the pattern, the words right before the counter
+    (digits blanked) and the total of an ``i/N`` counter. Two readings of one progress line share a
+    shape ("iter 100: loss" and "iter 200: loss"); "step 3/50" and "step 300/10000" do not."""
+    at = text.find(digits, found.start()) if digits else found.start()
+    before = _SHAPE_DIGITS.sub("#", " ".join(text[max(0, at - 24):at].lower().split()))
+    fraction = _FRACTION_AFTER.match(text, at + len(digits)) if digits else None
+    total = fraction.group(0).replace(" ", "") if fraction else ""
+    return f"{pattern}|{before}|{total}"
+
+
+class StepConfirmer:
+    """Steps read from output lines count once their line has proved itself a progress line: a
+    second reading of the same shape (:func:`line_shape`) at or above the first. One stray line (an
+    evaluation counter the rules missed, a setting printed once) never sets the attempt's first
+    step, never moves its last step, and so never decides the resume audit. A shape whose next
+    reading goes back replaces its first reading (the earlier one was the stray). Once progress is
+    established, a reading of another shape that continues it (from the last step up to about twice
+    it: "hanging at step 15" after "step 14 loss") counts too, without trusting its shape, and so
+    does one that came one step before the proven start ("resumed ... at step 10"). Pure."""
+
+    MAX_SHAPES = 64  # distinct line kinds remembered while unconfirmed (bounded memory)
+
+    def __init__(self) -> None:
+        self._pending: dict[str, int] = {}
+        self._trusted: set[str] = set()
+        self._last: int | None = None  # the highest step counted so far
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether some progress line has proved itself."""
+        return bool(self._trusted)
+
+    def feed(self, shape: str, value: int) -> tuple[int, ...]:
+        """The steps this reading makes count, in order: none while its line is unproven, the
+        first and this one when it proves the line, this one once the line is trusted."""
+        if shape in self._trusted:
+            return self._counted(value)
+        if self._last is not None and self._last <= value <= 2 * self._last + 10:
+            return self._counted(value)  # continues the established progress
+        first = self._pending.get(shape)
+        if first is None or value < first:
+            if first is None and len(self._pending) >= self.MAX_SHAPES:
+                return ()
+            self._pending[shape] = value
+            return ()
+        del self._pending[shape]
+        if len(self._trusted) < self.MAX_SHAPES:
+            self._trusted.add(shape)
+        # A reading of another line one step before the proven start agrees with it ("resumed from
+        # ... at step 10" before "step 11 loss"): it counts, first.
+        before = sorted({v for s, v in self._pending.items() if first - 1 <= v < first})
+        self._pending = {s: v for s, v in self._pending.items() if not first - 1 <= v < first}
+        proven = (*before, first, value) if value != first else (*before, value)
+        return self._counted(*proven)
+
+    def _counted(self, *values: int) -> tuple[int, ...]:
+        self._last = max(values) if self._last is None else max(self._last, *values)
+        return values
+
+    def unconfirmed(self) -> tuple[int, ...]:
+        """At the end of an attempt that never proved a progress line: the readings seen once,
+        lowest first (the best left to know; the caller must not stop a run on them)."""
+        return () if self._trusted else tuple(sorted(self._pending.values()))
+
+
+class BarEvidence:
+    """A bare progress bar (`` 35%|###5      | 35/100 [``: no description, no epoch) may count the
+    global step (HF Trainer's bar counts optimizer steps up to max_steps) or batches of one epoch
+    (a plain ``tqdm(loader)``). The line cannot say; other sources can. A bar counts global steps
+    from the moment an independent step agrees with it: its first reading is the resume point's
+    step (or the next one), or a save with a step from its name or contents lands while the bar
+    reads that step (one off allowed). Per attempt; pure."""
+
+    MAX_BARS = 16
+
+    def __init__(self, resume_step: int | None) -> None:
+        self.resume_step = resume_step
+        self._last: dict[str, int] = {}
+        self._global: set[str] = set()
+
+    def counts(self, shape: str, value: int) -> bool:
+        """Whether this bar reading is a global step."""
+        if shape in self._global:
+            return True
+        first = shape not in self._last
+        if first and len(self._last) >= self.MAX_BARS:
+            return False
+        self._last[shape] = value
+        if first and self.resume_step is not None and value in (self.resume_step, self.resume_step + 1):
+            self._global.add(shape)
+            return True
+        return False
+
+    def saved(self, step: int) -> tuple[int, ...]:
+        """A save of ``step`` landed: bars reading it (one off allowed) count global steps from
+        now. Returns their current readings, to be taken as steps."""
+        agreeing = [shape for shape, value in self._last.items()
+                    if shape not in self._global and abs(value - step) <= 1]
+        self._global.update(agreeing)
+        return tuple(self._last[shape] for shape in agreeing)
+
+
+def side_loop_counter(text: str, found: re.Match[str]) -> bool:
+    """A counter of a loop beside training: an evaluation/validation/test/warm-up word names it
+    (right before the counter: "eval step 3", "Iter(val) [10/500]", "Validation: step 3/10"), or
+    such a word appears before an ``i/N`` counter ("Evaluating: 40%|...| 20/50 [", "val ... 3/10")."""
+    before = text[:found.start()]
+    keyword_at = found.start()
+    # the text before the counter's keyword ("eval " in "eval step 3") or its "(val)" tag
+    inner = found.group(0)
+    tag = re.search(r"\((\w+)\)", inner)
+    if tag and _SIDE_LOOP.fullmatch(tag.group(1)):
+        return True
+    if _SIDE_ATTACHED.search(text, max(0, keyword_at - 48), keyword_at):
+        return True
+    if not _SIDE_LOOP.search(before):
+        return False
+    fraction = _FRACTION_AFTER.match(text, found.end("n")) is not None
+    return fraction or found.re.pattern.startswith(r"\d{1,3}%")
 
 
 def extract_loss(line: str) -> float | None:

@@ -36,6 +36,8 @@ from .errors import ExitCode, SlurmError, UsageError
 from .events import Ev, Event, read_events
 from .ledger import ledger_from_events
 from .paths import RunPaths
+from .private import GROUP_READ, append_fd
+from .redact import redact_value
 from .slurm import JobInfo
 from .states import SubmitAction
 
@@ -373,8 +375,8 @@ def submissions_path(run_dir: Path) -> Path:
 def append_submission(path: Path, record: Mapping[str, Any]) -> None:
     """One line per submission, appended and fsynced (a lost line would hide a job from the record)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = (json.dumps(dict(record), default=str, separators=(",", ":")) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    data = (json.dumps(redact_value(dict(record)), default=str, separators=(",", ":")) + "\n").encode()
+    fd = append_fd(path, GROUP_READ)
     try:
         os.write(fd, data)
         os.fsync(fd)

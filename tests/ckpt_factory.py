@@ -10,6 +10,7 @@ import struct
 import sys
 import warnings
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,14 @@ def set_mtime(path: str | os.PathLike[str], when: float) -> None:
 
 
 # ---------------------------------------------------------------------------- hostile pickles
+
+
+@dataclass
+class PlainConfig:
+    """A training's own config dataclass: outside the allowlist, constructing it runs no code."""
+
+    lr: float = 0.1
+    name: str = "run"
 
 
 class CreatesFile:

@@ -42,7 +42,8 @@ def ckpts(tmp_path: Path) -> Path:
 def test_verify_good_files_exit_0(cli: click.Group, ckpts: Path) -> None:
     code, out, _ = run(cli, "verify", str(ckpts / "step=900.ckpt"), str(ckpts / "step=9500.ckpt"))
     assert code == 0
-    assert out.count("valid") == 2 and "torch_zip" in out and "step 900" in out and "L3" in out
+    assert out.count("valid (whole) · trusted") == 2 and "invalid" not in out
+    assert "torch_zip" in out and "step 900" in out and "L3" in out
 
 
 def test_verify_json_fields_and_exit_1_for_a_torn_file(cli: click.Group, ckpts: Path) -> None:

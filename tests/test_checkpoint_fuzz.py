@@ -32,6 +32,7 @@ from supervisor.checkpoints.allowlist import SAFE_GLOBALS, resolve
 from supervisor.checkpoints.limits import ScanLimitError
 from supervisor.checkpoints.picklescan import PickleScanError, scan_pickle
 from supervisor.checkpoints.resume import is_usable
+from supervisor.checkpoints.trust import Trust, hostile_reason
 from supervisor.checkpoints.validate import CheckpointReport, validate
 from supervisor.states import Verdict
 
@@ -181,7 +182,8 @@ def hostile_pickles(draw: st.DrawFn) -> tuple[bytes, set[tuple[str, str]]]:
 
 @FUZZ
 @given(hostile=hostile_pickles(), how=st.sampled_from(["data.pkl", "appended", "plain", "plain-second"]))
-def test_a_non_allowlisted_global_is_never_valid_or_resumable(hostile: tuple[bytes, set], how: str) -> None:
+def test_a_primitive_is_never_resumable_and_an_unlisted_global_never_trusted(hostile: tuple[bytes, set],
+                                                                             how: str) -> None:
     pkl, names = hostile
     base = _WORK / "base.ckpt"
     if not base.exists():
@@ -195,9 +197,12 @@ def test_a_non_allowlisted_global_is_never_valid_or_resumable(hostile: tuple[byt
         first = pickle.dumps({"step": 1}, protocol=2)
         path.write_bytes(pkl if how == "plain" else first + pkl)
     report = checked(path.read_bytes(), path.name)
-    if names - SAFE_GLOBALS:
-        assert report.verdict is not Verdict.VALID, (names, report.reason)
+    if any(hostile_reason(*n) for n in names):
+        assert report.verdict is not Verdict.VALID and report.trust is Trust.HOSTILE, (names, report.reason)
         assert not is_usable(report), (names, report.reason)
+    elif names - SAFE_GLOBALS:
+        assert report.trust is not Trust.TRUSTED, (names, report.reason)
+        assert not is_usable(report, require_trusted=True), (names, report.reason)
 
 
 @FUZZ

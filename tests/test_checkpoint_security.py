@@ -24,6 +24,7 @@ from supervisor.checkpoints.naming import parse_name, step_from_name
 from supervisor.checkpoints.picklescan import PickleScanError, scan_pickle
 from supervisor.checkpoints.resume import choose_resume_point
 from supervisor.checkpoints.scan import find_resume_point
+from supervisor.checkpoints.trust import Trust
 from supervisor.checkpoints.validate import CheckpointReport, validate
 from supervisor.states import Verdict
 
@@ -51,13 +52,14 @@ BYPASSES = {
 
 
 @pytest.mark.parametrize("label", sorted(BYPASSES))
-def test_globals_outside_the_allowlist_are_unsafe_in_a_real_checkpoint(base: Path, tmp_path: Path,
-                                                                         label: str) -> None:
+def test_code_execution_primitives_are_hostile_in_a_real_checkpoint(base: Path, tmp_path: Path,
+                                                                      label: str) -> None:
     path = cf.with_data_pkl(base, tmp_path / "step=5.ckpt", BYPASSES[label])
     for deep in (False, True):
         report = validate(path, deep=deep)
         assert report.verdict is Verdict.CORRUPT and not report.load_safe, report.reason
-        assert report.reason.startswith("unsafe pickle: names ")
+        assert report.reason.startswith("hostile pickle: names ") and report.trust is Trust.HOSTILE
+        assert choose_resume_point([report]).path is None
 
 
 def test_the_reason_names_the_global_as_the_loader_resolves_it(base: Path, tmp_path: Path) -> None:
@@ -163,27 +165,44 @@ def test_names_resolve_like_the_loader() -> None:
     assert resolve("torch.serialization", "os.system", proto=4) == ("torch.serialization", "os.system")
 
 
-def test_hf_training_args_outside_the_allowlist_is_unverifiable_not_torn(tmp_path: Path) -> None:
-    """Trainer never loads training_args.bin on resume: an unknown TrainingArguments subclass
-    (TRL's SFTConfig...) makes the checkpoint unverifiable, not quarantined."""
+def test_hf_training_args_of_an_unknown_class_is_whole_and_untrusted(tmp_path: Path) -> None:
+    """An unknown TrainingArguments subclass (TRL's SFTConfig...) is a trust note, not damage: the
+    checkpoint stays valid and a resume point; a hostile training_args.bin is forged: quarantined."""
     import torch
 
     ckpt = cf.make_hf_checkpoint(tmp_path, 30)
-    torch.save({"args": cf.CreatesFile(str(tmp_path / "never"))}, ckpt / "training_args.bin")
+    torch.save({"args": cf.PlainConfig(lr=0.1)}, ckpt / "training_args.bin")
     report = validate(ckpt)
-    assert report.verdict is Verdict.UNVERIFIABLE and report.load_safe, report.reason
-    assert "training_args.bin" in report.reason and "io.open" in report.reason
+    assert report.verdict is Verdict.VALID and report.load_safe, report.reason
+    assert report.trust is Trust.UNTRUSTED and report.trust_names == ("ckpt_factory.PlainConfig",)
+    assert choose_resume_point([report]).path == str(ckpt)
+    torch.save({"args": cf.CreatesFile(str(tmp_path / "never"))}, ckpt / "training_args.bin")
+    hostile = validate(ckpt)
+    assert hostile.verdict is Verdict.CORRUPT and hostile.trust is Trust.HOSTILE, hostile.reason
+    assert "io.open" in hostile.reason and choose_resume_point([hostile]).path is None
 
 
-def test_extra_safe_globals_accept_a_users_own_class(tmp_path: Path) -> None:
+def test_safe_globals_make_a_users_class_trusted_but_never_a_primitive(tmp_path: Path) -> None:
     import torch
 
     path = tmp_path / "step=4.ckpt"
-    torch.save({"step": 4, "cfg": cf.CreatesFile("x")}, path)  # a class from the test module
+    torch.save({"step": 4, "cfg": cf.PlainConfig(lr=0.1)}, path)  # a class from the test module
+    plain = validate(path)
+    assert plain.verdict is Verdict.VALID and plain.trust is Trust.UNTRUSTED, plain.reason
+    assert validate(path, extra_safe=["ckpt_factory:PlainConfig"]).trust is Trust.TRUSTED
+    torch.save({"step": 4, "cfg": cf.CreatesFile("x")}, path)  # its reduce is open() (io.open)
     assert validate(path).verdict is Verdict.CORRUPT
-    # its reduce is open() (io.open): declaring the class safe does not make open() safe
-    assert validate(path, extra_safe=["ckpt_factory:CreatesFile"]).verdict is Verdict.CORRUPT
-    assert validate(path, extra_safe=["io:open"]).verdict is Verdict.VALID
+    # declaring the class, or open() itself, safe does not make a file calling open() a checkpoint
+    for extra in (["ckpt_factory:CreatesFile"], ["io:open"]):
+        report = validate(path, extra_safe=extra)
+        assert report.verdict is Verdict.CORRUPT and report.trust is Trust.HOSTILE
+
+
+def test_no_allowlisted_global_is_on_the_hostile_table() -> None:
+    from supervisor.checkpoints.trust import hostile_reason
+
+    every = {pair for _, pairs in SAFE_GLOBAL_GROUPS.values() for pair in pairs}
+    assert [pair for pair in sorted(every) if hostile_reason(*pair)] == []
 
 
 # ---------------------------------------------------------------------------- bounded scanning

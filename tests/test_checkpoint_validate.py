@@ -13,6 +13,7 @@ import pytest
 import ckpt_factory as cf
 from supervisor.checkpoints import formats as F
 from supervisor.checkpoints.validate import validate
+from supervisor.checkpoints.trust import Trust
 from supervisor.states import Verdict
 
 
@@ -157,7 +158,8 @@ def test_hostile_pickle_is_never_executed(tmp_path: Path) -> None:
         for deep in (False, True):
             report = validate(path, deep=deep)
             # Never run, and never a resume point: a child loading it with weights_only=False would run it.
-            assert report.verdict is Verdict.CORRUPT and "unsafe pickle" in report.reason, report.reason
+            assert report.verdict is Verdict.CORRUPT and "hostile pickle" in report.reason, report.reason
+            assert report.trust is Trust.HOSTILE
             assert "os.system" in report.reason or "posix.system" in report.reason
     for args in (["verify", "--deep", str(zip_file), str(legacy_file)], ["resume-point", str(ckpt), "--deep"]):
         subprocess.run([*cf.SUPERVISE, *args], check=False, capture_output=True, timeout=60)

@@ -53,7 +53,16 @@ BAD_FILES = [
     (b"\x00\x01\x02", "malformed YAML"),
     (b"[" * 5000, "malformed YAML"),
     (b"stall_timeout: !!python/object:os.system {}\n", "malformed YAML"),
+    (b"a: &x 1\n", "anchor &x not allowed"),
+    (b"a: &x {stall_timeout: 1}\nb: *x\n", "anchor &x not allowed"),
+    (b"budget: {<<: *x}\n", "alias *x not allowed"),
 ]
+
+# A billion laughs under `name:`: nine nested levels of nine aliases, 9**9 strings once expanded
+# (before the refusal, seven levels already cost 3 s; docs/benchmarks.md).
+BILLION_LAUGHS = ("name: [" + ", ".join(
+    ['&l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    + [f"&l{n} [" + ",".join([f"*l{n - 1}"] * 9) + "]" for n in range(1, 9)]) + "]\n").encode()
 
 
 @pytest.mark.parametrize(("content", "named"), BAD_FILES, ids=[repr(c[:30]) for c, _ in BAD_FILES])
@@ -121,11 +130,14 @@ def test_good_values_still_load(tmp_path: Path) -> None:
     ["--config", "{nonutf8}"],
     ["--config", "{inf}"],
     ["--config", "{dir}"],
+    ["--config", "{laughs}"],
 ])
 def test_the_command_line_says_one_line_and_exits_2(tmp_path: Path, args: list[str]) -> None:
     (tmp_path / "bad.yaml").write_bytes(b"name: \xe9t\xe9\n")
     (tmp_path / "inf.yaml").write_bytes(b"stall_timeout: .inf\n")
-    args = [a.format(nonutf8=tmp_path / "bad.yaml", inf=tmp_path / "inf.yaml", dir=tmp_path) for a in args]
+    (tmp_path / "laughs.yaml").write_bytes(BILLION_LAUGHS)  # refused before anything is expanded
+    args = [a.format(nonutf8=tmp_path / "bad.yaml", inf=tmp_path / "inf.yaml", dir=tmp_path,
+                     laughs=tmp_path / "laughs.yaml") for a in args]
     run_dir = tmp_path / "run"
     res = run_supervise(["run", "--run-dir", str(run_dir), *args, "--", "true"], timeout=60)
     show = run_supervise(["config", "show", *[a for a in args if not a.startswith("--stall")]], timeout=60) \

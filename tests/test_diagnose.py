@@ -302,11 +302,14 @@ def test_a_failure_that_does_not_recur_is_reported_as_not_reproduced_at_the_step
     before = snapshot_dir(str(ckpt))
     scratch = gpu_run.parent / "scratch-not-reproduced"
     proc = _supervise("diagnose", str(gpu_run), "--json", "--no-record", "--scratch", str(scratch),
-                      cwd=gpu_run.parent, FAULT_MODE="never")
+                      "--env", "FAULT_MODE=never", cwd=gpu_run.parent)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     diag = json.loads(proc.stdout)
     assert diag["outcome"] == DiagnosisOutcome.NOT_REPRODUCED.value and not diag["located"]
     assert diag["last_step"] >= 12 + 20 and "not reproduced" in diag["reason"]
+    # the one variable changed on purpose is named as the difference from the recording
+    assert "differs from the recording in: CUDA_LAUNCH_BLOCKING, FAULT_MODE" in diag["reason"]
+    assert "FAULT_MODE: recorded 'first_attempt', 'never' in the rerun" in diag["environment_differences"]
     # it saved as it went: into the scratch directory, never into the run's
     assert (scratch / "checkpoints" / "step=30.safetensors").exists()
     assert snapshot_dir(str(ckpt)) == before
@@ -316,7 +319,7 @@ def test_the_rerun_is_stopped_at_the_time_bound_and_leaves_no_process(gpu_run: P
     scratch = gpu_run.parent / "scratch-hang"
     started = time.monotonic()
     proc = _supervise("diagnose", str(gpu_run), "--json", "--no-record", "--max-seconds", "4", "--scratch",
-                      str(scratch), cwd=gpu_run.parent, FAULT_MODE="hang")
+                      str(scratch), "--env", "FAULT_MODE=hang", cwd=gpu_run.parent)
     took = time.monotonic() - started
     assert proc.returncode == 1
     diag = json.loads(proc.stdout)
@@ -382,3 +385,54 @@ def test_two_diagnoses_in_the_same_second_never_share_a_scratch_directory(tmp_pa
     claimed = unused_path(first, claim=True)  # a real run takes the name by creating it
     assert claimed == tmp_path / "diagnose-1-20261201-182708-3" and claimed.is_dir()
     assert unused_path(first, claim=True) == tmp_path / "diagnose-1-20261201-182708-4"
+
+
+# --------------------------------------------------------------------------- the attempt's environment
+
+ENV_TRAIN = textwrap.dedent('''
+    """A fault that depends on the environment: a segfault at step 3, only when TRIGGER=1."""
+    import os, signal, time
+    for step in range(1, 6):
+        print(f"step {step}", flush=True)
+        if step == 3 and os.environ.get("TRIGGER") == "1":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(0.01)
+    print("training complete", flush=True)
+''')
+
+
+def test_diagnose_reruns_in_the_attempts_recorded_environment_and_names_what_differs(tmp_path: Path) -> None:
+    """Attempt 1 ran with TRIGGER=1 and segfaulted; diagnose from a shell without TRIGGER still
+    reproduces it (the manifest recorded the variable), and with TRIGGER overridden it does not and
+    names TRIGGER as the difference. A credential in the environment is never written, and the
+    rerun takes it from the shell."""
+    (tmp_path / "train.py").write_text(ENV_TRAIN)
+    run = tmp_path / "run"
+    proc = _supervise("run", "--quiet", "--run-dir", str(run), "--set", "budget.max_total_restarts=0", "--",
+                      sys.executable, "train.py", cwd=tmp_path, TRIGGER="1", HF_TOKEN="hf_SECRETSECRETSECRETSECRETSECRET1")
+    assert proc.returncode != 0
+    manifest = json.loads((run / "supervisor" / "manifest-1.json").read_text())
+    assert manifest["environment"]["variables"]["TRIGGER"] == "1"
+    assert manifest["environment"]["variables"]["HF_TOKEN"] == "[REDACTED]"
+    assert "HF_TOKEN" in manifest["environment"]["redacted"]
+
+    shell = {k: v for k, v in _env().items() if k not in ("TRIGGER", "HF_TOKEN")}
+    rerun = subprocess.run([sys.executable, "-m", "supervisor", "diagnose", str(run), "--attempt", "1", "--json",
+                            "--no-record", "--sanitizer", "off"], capture_output=True, text=True, cwd=tmp_path,
+                           env=shell, timeout=180, check=False)
+    diag = json.loads(rerun.stdout)
+    assert diag["outcome"] == "reproduced", diag["reason"]
+    assert diag["rerun_class"] == "native_crash" and diag["signal"] == 11
+    assert diag["environment_source"] == "recorded by attempt 1"
+    assert "HF_TOKEN: redacted in the record, unset in the rerun" in diag["environment_differences"]
+
+    rerun = subprocess.run([sys.executable, "-m", "supervisor", "diagnose", str(run), "--attempt", "1", "--json",
+                            "--no-record", "--sanitizer", "off", "--env", "TRIGGER=0"], capture_output=True,
+                           text=True, cwd=tmp_path, env={**shell, "HF_TOKEN": "hf_FROMTHESHELLFROMTHESHELLFROMTHE"},
+                           timeout=180, check=False)
+    assert rerun.returncode == 1
+    diag = json.loads(rerun.stdout)
+    assert diag["outcome"] == "not_reproduced"
+    assert "TRIGGER: recorded '1', '0' in the rerun" in diag["environment_differences"]
+    assert "HF_TOKEN: redacted in the record, this shell's value used" in diag["environment_differences"]
+    assert "TRIGGER" in diag["reason"].partition("differs from the recording in:")[2]

@@ -31,9 +31,11 @@ LEAF_MODULES = {
     "supervisor.events", "supervisor.progress", "supervisor.fields", "supervisor.control_wire", "supervisor.checkpoints.fsio",
     "supervisor.slurm.version",
     "supervisor.checkpoints.naming", "supervisor.checkpoints.formats", "supervisor.checkpoints.outcome",
-    "supervisor.checkpoints.limits", "supervisor.checkpoints.allowlist", "supervisor.slurm.env",
+    "supervisor.checkpoints.limits", "supervisor.checkpoints.allowlist", "supervisor.checkpoints.trust",
+    "supervisor.slurm.env",
     "supervisor.slurm.parse", "supervisor.client", "supervisor.determinism", "supervisor.checkpoints.atomic",
-    "supervisor.sharded", "supervisor.commit_marker",
+    "supervisor.sharded", "supervisor.commit_marker", "supervisor.redact", "supervisor.textsafe",
+    "supervisor.private",
 }
 DECISION_MODULES = {
     "supervisor.config",  # the policy and budget tables the decisions are parameterised by

@@ -131,7 +131,7 @@ def test_an_in_place_checkpoint_with_a_flag_and_no_path_is_resumed_after_each_of
     res = run_supervise(["run", "--run-dir", str(run_dir), "--checkpoint-dir", str(out), "--resume-arg",
                          "--init_from=resume", *FAST, "--", sys.executable, str(CHILDREN / "inplace_ckpt.py"),
                          f"--out_dir={out}", "--max_iters=30", "--eval_interval=10"],
-                        env={"CRASH_AT": "1:15,2:25", "SAVE_STEP_KEY": "1"}, cwd=tmp_path)
+                        env={"CRASH_AT": "1:15,2:25"}, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     starts = events_named(run_dir, "attempt_start")
     assert len(starts) == 3 and "--init_from=resume" not in starts[0]["argv"]

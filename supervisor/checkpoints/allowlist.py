@@ -1,8 +1,10 @@
 """The globals a checkpoint's pickle may name: an allowlist, in this one table.
 
 A pickle names classes and functions (``GLOBAL``/``STACK_GLOBAL``/``INST``) that the loader imports
-and calls. With ``torch.load(weights_only=False)`` or ``pickle.load`` any name runs, so a file is
-only a candidate resume point when every name it holds is below. The base is exactly the set
+and calls. With ``torch.load(weights_only=False)`` or ``pickle.load`` any name runs. A file whose
+names are all below (or among the user's safe globals) is *trusted*; one naming others is
+*untrusted*, which is a note, not damage (see :mod:`.trust`, which also holds the table of hostile
+code-execution primitives that do make a file corrupt). The base is exactly the set
 PyTorch's weights-only unpickler accepts (``torch/_weights_only_unpickler.py``, torch 2.13,
 reproduced here because the supervisor never imports torch); the other groups are what real files
 of each supported format hold, each checked to be a plain class, enum or constructor whose

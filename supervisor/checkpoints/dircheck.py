@@ -540,6 +540,9 @@ def _whole_epoch(epoch: Any) -> int | None:
 # ---------------------------------------------------------------------------- any directory
 
 
+_ACCELERATE_RNG = re.compile(r"^random_states_[0-9]+\.pkl$", re.ASCII)
+
+
 def check_generic_dir(path: str, *, deep: bool = False, depth: int = 0) -> Outcome:
     """Any other directory (Megatron ``iter_N/``, custom layouts): every checkpoint file inside
     (three levels deep) passes its ladder; nested DCP/DeepSpeed dirs are checked as such."""
@@ -553,7 +556,12 @@ def check_generic_dir(path: str, *, deep: bool = False, depth: int = 0) -> Outco
     for rel in nested:
         outcome = check_dir(os.path.join(path, rel), deep=deep, depth=depth + 1)
         outcomes.append(outcome.but(reason=f"{rel}/: {outcome.reason}"))
-    step = next((o.embedded_step for o in outcomes if o.embedded_step is not None), None)
+    # Accelerate's random_states_<rank>.pkl holds a "step" that counts gradient-accumulation
+    # micro-steps (reset every epoch), not the training step: never the directory's step.
+    step = next((o.embedded_step for rel, o in zip(files, outcomes)
+                 if o.embedded_step is not None and not _ACCELERATE_RNG.match(os.path.basename(rel))), None)
+    if step is None:
+        step = next((o.embedded_step for o in outcomes[len(files):] if o.embedded_step is not None), None)
     loose = loose_pickle_problem(path, fmt, deep=deep)
     if loose is not None:
         outcomes.insert(0, loose)

@@ -1,7 +1,8 @@
 """The validation ladder for single-file checkpoints: torch zip, torch legacy, safetensors and
 plain pickles. Reads a few hundred bytes plus the (small) pickle up to L3; L4 reads everything.
-Never unpickles for real: pickles are walked by :mod:`.picklescan`, and a checkpoint whose pickle
-names a global outside :mod:`.allowlist` is CORRUPT ("unsafe pickle"), never a resume point.
+Never unpickles for real: pickles are walked by :mod:`.picklescan`. Which globals they name is a
+trust note (:mod:`.trust`), not an integrity verdict, except for a known code-execution primitive
+(``os.system``...), which no ``torch.save`` writes: such a file is CORRUPT ("hostile pickle").
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any, Literal
 
 from ..states import Verdict
 from . import formats as F
-from .allowlist import allowed_for, disallowed
+from . import trust as T
+from .allowlist import allowed_for
 from .fsio import regular_fd
 from .limits import MAX_PICKLE_BYTES, MAX_PICKLE_OPS, MAX_STEP, ScanLimitError
 from .outcome import Outcome, corrupt, unverifiable, valid
@@ -141,12 +143,15 @@ def _text_reason(head: bytes) -> str:
 
 
 def unsafe_reason(scans: list[PickleScan], allowed: frozenset[tuple[str, str]]) -> str | None:
-    """A reason when the pickles name globals outside the allowlist (never a resume point)."""
-    names = disallowed((g for scan in scans for g in scan.globals), allowed)
-    if not names:
+    """A reason when the pickles name a code-execution primitive (hostile: never a resume point).
+    Their trust note (trusted, untrusted: names outside ``allowed``, hostile) is recorded for the
+    validation in progress (:func:`.trust.record`); an untrusted file is not judged here."""
+    note = T.judge_globals((g for scan in scans for g in scan.globals), allowed)
+    T.record(note)
+    if note.trust is not T.Trust.HOSTILE:
         return None
-    return (f"unsafe pickle: names {describe(names)}, not on the allowlist of globals a checkpoint "
-            "may name; loading it with weights_only=False would import and call them")
+    return (f"hostile pickle: names {describe(note.names)} ({note.reason}); no torch.save writes "
+            "that, so the file is forged or damaged")
 
 
 def _limit(fmt: str, level: int, exc: ScanLimitError, **kw: Any) -> Outcome:
@@ -300,7 +305,7 @@ def _scan_data_pkl(fd: int, base: int, index: ZipIndex, pkl: Any) -> PickleScan 
             unsafe = unsafe_reason(_scan_stream(data, start=scan.end, reader=reader, total=total), allowed_for())
         except (PickleScanError, ScanLimitError):
             unsafe = None
-        what = f"; the trailing pickle is an {unsafe}" if unsafe else ""
+        what = f"; the trailing pickle: {unsafe}" if unsafe else ""
         return corrupt(F.TORCH_ZIP, 3, f"data.pkl: {extra} bytes after the pickle (torch writes exactly one){what}",
                        load_safe=False)
     return scan
@@ -518,10 +523,10 @@ def check_plain_pickle(fd: int, size: int, *, allowed: frozenset[tuple[str, str]
 
 def check_unknown(fd: int, size: int, head: bytes, *, allowed: frozenset[tuple[str, str]] | None = None) -> Outcome:
     """A file no format claims. torch.load unpickles whatever a non-zip file starts with, so it is
-    scanned as a pickle stream (protocol 0/1 pickles have no magic): a whole, allowlisted stream is
-    a plain pickle; anything else is UNVERIFIABLE and never a resume point."""
+    scanned as a pickle stream (protocol 0/1 pickles have no magic): a whole stream is a plain
+    pickle, a hostile one is CORRUPT; anything else is UNVERIFIABLE and never a resume point."""
     outcome = check_plain_pickle(fd, size, allowed=allowed)
-    if outcome.verdict is not Verdict.CORRUPT or not outcome.reason.startswith("unsafe pickle"):
+    if outcome.verdict is not Verdict.CORRUPT or not outcome.reason.startswith("hostile pickle"):
         if outcome.verdict is Verdict.VALID:
             return outcome.but(reason=f"protocol 0/1 {outcome.reason}")
         return unverifiable(F.UNKNOWN, 1, f"unknown format (first bytes {head[:8].hex()})", load_safe=False)

@@ -34,6 +34,10 @@ _STEP_PATTERNS: tuple[re.Pattern[str], ...] = (
     re.compile(r"^(?:model|ckpt|checkpoint|weights|state|snapshot|save)[-_=]?([0-9]+)$", _FLAGS),
     re.compile(r"^([0-9]+)$", re.ASCII),  # orbax-style numeric directories: 1000/
 )
+# Accelerate's automatic naming (ProjectConfiguration(automatic_checkpoint_naming=True)) writes
+# checkpoints/checkpoint_<i> with i = 0, 1, 2... per save: the number is a save index, not a step.
+# Only the bare directory-style name counts (checkpoint_500.pt is a step, HF's checkpoint-500 too).
+_INDEX_NAME = re.compile(r"^checkpoint_([0-9]+)$", re.ASCII)
 _EPOCH = re.compile(_SEP + r"epochs?[=_-]?" + _NUM, _FLAGS)
 _VERSION = re.compile(r"-v([0-9]+)$", re.ASCII)  # Lightning's name-collision counter: last-v1, step=9-v2
 _LAST = re.compile(r"^(?:last|latest)(?:-v[0-9]+)?$|[-_]last$", _FLAGS)
@@ -50,6 +54,7 @@ class NameInfo:
     epoch: int | None
     version: int  # 0 when no -vN; -1 for an old copy moved aside (``<name>.old-<nonce>``)
     is_last: bool  # last.ckpt, last-v1.ckpt, last/, latest.pt, ...-last.ckpt
+    index: int | None = None  # a save index (Accelerate's checkpoint_<i>): orders saves, never a step
 
 
 def strip_suffix(name: str) -> str:
@@ -77,7 +82,7 @@ def parse_name(name: str) -> NameInfo:
     if original is not None:
         info = parse_name(original)
         return NameInfo(name=name, stem=info.stem, step=info.step, epoch=info.epoch, version=-1,
-                        is_last=info.is_last)
+                        is_last=info.is_last, index=info.index)
     stem = strip_suffix(name)
     version = 0
     match = _VERSION.search(stem)
@@ -91,7 +96,16 @@ def parse_name(name: str) -> NameInfo:
         epoch=_int_or_none(_EPOCH.search(stem)),
         version=version,
         is_last=bool(_LAST.search(stem)),
+        index=save_index_from_name(name),
     )
+
+
+def save_index_from_name(name: str) -> int | None:
+    """The save index of Accelerate's automatic naming (``checkpoint_3`` -> 3), else None. Such a
+    name carries no step (:func:`step_from_name` says None for it)."""
+    name = aside_original(name) or name
+    found = _INDEX_NAME.match(name)
+    return _bounded_int(found.group(1)) if found else None
 
 
 @lru_cache(maxsize=16384)
@@ -99,9 +113,11 @@ def step_from_name(name: str) -> int | None:
     """The training step a name carries, or None. ``step=900.ckpt`` -> 900,
     ``epoch=3-step=9500-v1.ckpt`` -> 9500, ``global_step1200`` -> 1200, ``checkpoint-1500`` -> 1500,
     ``model_00012000.pt`` -> 12000, ``ckpt_300.pt`` -> 300, ``iter_0000100`` -> 100.
-    ``epoch=3.ckpt`` and ``hpc_ckpt_3.ckpt`` (a counter) carry no step. An old copy moved aside,
-    ``step-900.old-<nonce>``, carries its original's step."""
+    ``epoch=3.ckpt``, ``hpc_ckpt_3.ckpt`` and Accelerate's ``checkpoint_3`` (counters) carry no
+    step. An old copy moved aside, ``step-900.old-<nonce>``, carries its original's step."""
     name = aside_original(name) or name
+    if _INDEX_NAME.match(name):
+        return None  # Accelerate's checkpoint_<i>: a save index
     stem = strip_suffix(name)
     version = _VERSION.search(stem)
     if version:

@@ -22,7 +22,8 @@ class Outcome:
     epoch: int | None = None
     facts: Mapping[str, Any] = field(default_factory=dict)  # scalars read inertly (dp_world_size...)
     # False when a pickle a loader would unpickle was not scanned to the end (over a cap, unknown
-    # format) or names a global outside the allowlist: such a checkpoint is never a resume point.
+    # format) or names a code-execution primitive: such a checkpoint is never a resume point.
+    # Naming other globals outside the allowlist is a trust note (trust.py), not a reason here.
     load_safe: bool = True
 
     def but(self, **changes: Any) -> Outcome:

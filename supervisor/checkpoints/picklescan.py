@@ -19,8 +19,10 @@ pickle names (resolved as the loader would), and where the pickle ended.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import struct
 from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -47,8 +49,27 @@ STORAGE_ITEMSIZE: dict[str, int] = {
     "UntypedStorage": 1,  # numel is nbytes for untyped storages (new dtypes: float8, uint16, ...)
 }
 
-# Keys that hold the training step, strongest first (Lightning, DeepSpeed, plain loops, Megatron).
-STEP_KEYS = ("global_step", "global_steps", "step", "iteration", "iter", "num_updates")
+# Keys that hold the training step, strongest first (Lightning, DeepSpeed, plain loops, Megatron,
+# nanoGPT's iter_num, fairseq's num_updates). A user's checkpoint.step_from key:NAME goes first.
+STEP_KEYS = ("global_step", "global_steps", "step", "iteration", "iter_num", "iter", "num_updates")
+_USER_STEP_KEY: ContextVar[str | None] = ContextVar("supervisor_user_step_key", default=None)
+
+
+@contextlib.contextmanager
+def user_step_key(key: str | None) -> Iterator[None]:
+    """Look for ``key`` (checkpoint.step_from key:NAME; its last dotted part) before the usual
+    step keys inside this block."""
+    token = _USER_STEP_KEY.set(key.rsplit(".", 1)[-1] if key else None)
+    try:
+        yield
+    finally:
+        _USER_STEP_KEY.reset(token)
+
+
+def step_keys() -> tuple[str, ...]:
+    """The keys searched for the step, strongest first (a user key, then :data:`STEP_KEYS`)."""
+    user = _USER_STEP_KEY.get()
+    return (user, *STEP_KEYS) if user else STEP_KEYS
 EPOCH_KEYS = ("epoch",)
 
 
@@ -823,7 +844,7 @@ def find_int(root: Any, keys: tuple[str, ...], depth: int = 1) -> int | None:
 
 def find_step(root: Any) -> int | None:
     """The training step stored in the object (``global_step``, ``step``, ...), if plain."""
-    return find_int(root, STEP_KEYS)
+    return find_int(root, step_keys())
 
 
 def find_epoch(root: Any) -> int | None:

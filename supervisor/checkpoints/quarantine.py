@@ -2,6 +2,10 @@
 JSON sidecar saying why. Nothing is ever deleted, a symlink is renamed itself (never followed),
 a symlink leaving the checkpoint dir is left alone, and every failure (read-only filesystem,
 permission) becomes a record, never an exception.
+
+Cost is linear in the number of torn files: :func:`quarantine_all` lists the directory once and
+keeps the set of taken names up to date as it renames; a name is checked against that set and
+with one ``lstat`` (a file that appeared since the listing is never overwritten).
 """
 
 from __future__ import annotations
@@ -9,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .atomic import atomic_write_bytes
+from .atomic import atomic_write_bytes, fsync_dir
 from .naming import QUARANTINE_PREFIX
 from .validate import CheckpointReport
 
@@ -32,6 +37,8 @@ class QuarantineRecord:
     format: str
     step: int | None = None
     sidecar: str | None = None
+    trust: str = "unscanned"  # "hostile" when it was quarantined for naming a code-execution primitive
+    trust_names: tuple[str, ...] = ()
 
     def to_event(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,14 +55,39 @@ def quarantine_tag(env: Mapping[str, str] | None = None, now: float | None = Non
     return f"local-{stamp}"
 
 
-def quarantine_name(name: str, tag: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
-    """``CORRUPT_<name>.<tag>``, with ``-2``, ``-3``... when that name (or its sidecar) is taken."""
+def quarantine_name(name: str, tag: str, taken: set[str] | frozenset[str] = frozenset(),
+                    exists: Callable[[str], bool] = lambda _name: False) -> str:
+    """``CORRUPT_<name>.<tag>``, with ``-2``, ``-3``... when that name or its sidecar is in ``taken``,
+    or ``exists`` says the name appeared since ``taken`` was listed (a rename must never replace it;
+    the sidecar is created exclusively, so it never replaces one either)."""
     base = f"{QUARANTINE_PREFIX}{name}.{_safe(tag)}"
     candidate, n = base, 1
-    while candidate in taken or f"{candidate}.json" in taken:
+    while candidate in taken or f"{candidate}.json" in taken or exists(candidate):
         n += 1
         candidate = f"{base}-{n}"
     return candidate
+
+
+def quarantine_all(
+    reports: Iterable[CheckpointReport],
+    ckpt_dir: str | os.PathLike[str],
+    tag: str,
+    *,
+    now: float | None = None,
+    host: str | None = None,
+) -> tuple[QuarantineRecord, ...]:
+    """Quarantine each report's path (see :func:`quarantine`), listing ``ckpt_dir`` once."""
+    root = os.path.realpath(ckpt_dir)
+    try:
+        taken = set(os.listdir(root))
+    except OSError as exc:
+        return tuple(_not_moved(r, f"cannot list the checkpoint dir: {exc.strerror}") for r in reports)
+    host = host or socket.gethostname()
+    batch = _Batch(root, {os.path.abspath(ckpt_dir), root}, taken)
+    records = tuple(quarantine(r, ckpt_dir, tag, now=now, host=host, batch=batch) for r in reports)
+    if any(r.sidecar for r in records):
+        fsync_dir(root)  # once for every sidecar, not once per file
+    return records
 
 
 def quarantine(
@@ -65,17 +97,21 @@ def quarantine(
     *,
     now: float | None = None,
     host: str | None = None,
+    batch: _Batch | None = None,
 ) -> QuarantineRecord:
-    """Rename ``report.path`` to ``CORRUPT_<name>.<tag>`` in ``ckpt_dir`` and write the sidecar."""
+    """Rename ``report.path`` to ``CORRUPT_<name>.<tag>`` in ``ckpt_dir`` and write the sidecar.
+    ``batch`` (from :func:`quarantine_all`): the directory as already listed and resolved; without
+    it the directory is listed here and the sidecar made durable at once."""
     src = report.path
     name = os.path.basename(src.rstrip("/"))
 
     def record(ok: bool, dest: str | None, error: str | None, sidecar: str | None = None) -> QuarantineRecord:
         return QuarantineRecord(src, dest, ok, error, report.level, report.reason, report.format,
-                                report.step, sidecar)
+                                report.step, sidecar, report.trust.value, report.trust_names)
 
-    root = os.path.realpath(ckpt_dir)
-    if os.path.realpath(os.path.dirname(os.path.abspath(src.rstrip("/")))) != root:
+    root = batch.root if batch is not None else os.path.realpath(ckpt_dir)
+    parent = os.path.dirname(os.path.abspath(src.rstrip("/")))
+    if (batch is None or parent not in batch.spellings) and os.path.realpath(parent) != root:
         return record(False, None, "not directly inside the checkpoint dir: left alone")
     if report.link_outside:
         return record(False, None, "symlink leaving the checkpoint dir: left alone")
@@ -85,20 +121,25 @@ def quarantine(
         return record(False, None, "vanished before it could be moved")
     except OSError as exc:
         return record(False, None, f"cannot stat: {exc.strerror}")
-    if os.path.islink(src):
+    if stat.S_ISLNK(st_link.st_mode):
         target = os.path.realpath(src)
         if target != root and not target.startswith(root.rstrip(os.sep) + os.sep):
             return record(False, None, "symlink leaving the checkpoint dir: left alone")
-    try:
-        taken = set(os.listdir(root))
-    except OSError as exc:
-        return record(False, None, f"cannot list the checkpoint dir: {exc.strerror}")
-    dest_name = quarantine_name(name, tag, taken)
-    dest = os.path.join(os.path.dirname(os.path.abspath(src.rstrip("/"))), dest_name)
+    if batch is not None:
+        taken = batch.taken
+    else:
+        try:
+            taken = set(os.listdir(root))
+        except OSError as exc:
+            return record(False, None, f"cannot list the checkpoint dir: {exc.strerror}")
+    dest_name = quarantine_name(name, tag, taken, exists=lambda n: os.path.lexists(os.path.join(parent, n)))
+    dest = os.path.join(parent, dest_name)
     try:
         os.rename(src, dest)  # atomic within the directory; renames a symlink itself
     except OSError as exc:
         return record(False, None, f"rename failed ({exc.strerror or exc}): left in place, nothing lost")
+    taken.discard(name)
+    taken.update((dest_name, f"{dest_name}.json"))
     when = time.time() if now is None else now
     sidecar = dest + ".json"
     payload = {
@@ -113,16 +154,49 @@ def quarantine(
         "is_symlink": report.link_target is not None,
         "link_target": report.link_target,
         "size_at_move": st_link.st_size,
+        "trust": report.trust.value,  # hostile: names a code-execution primitive (trust_names)
+        "trust_names": list(report.trust_names),
         "time": when,
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(when)),
         "host": host or socket.gethostname(),
         "tag": tag,
     }
     try:
-        atomic_write_bytes(sidecar, (json.dumps(payload, indent=2) + "\n").encode())
+        _write_sidecar(sidecar, (json.dumps(payload) + "\n").encode(), durable=batch is None)
     except OSError as exc:
         return record(True, dest, f"moved, but the sidecar could not be written ({exc.strerror or exc})")
     return record(True, dest, None, sidecar)
+
+
+def _write_sidecar(path: str, data: bytes, *, durable: bool) -> None:
+    """``durable`` (one quarantine on its own): temp file + fsync + rename + fsync of the directory.
+    In a batch the sidecar is created exclusively (never replacing a file) and written in one call,
+    without a flush per file: that would cost a disk flush and a second directory entry per torn
+    file (6 ms each here, 10 minutes for 100,000); the batch fsyncs the directory once at the end.
+    A sidecar only explains; the rename aside is what protects the run, and a rename lost in a
+    crash is simply done again by the next attempt."""
+    if durable:
+        atomic_write_bytes(path, data)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """One listing of the checkpoint dir shared by a batch of quarantines."""
+
+    root: str  # the directory, resolved
+    spellings: set[str]  # absolute spellings of it that need no realpath per file
+    taken: set[str]  # names in it, kept up to date as files are renamed
+
+
+def _not_moved(report: CheckpointReport, error: str) -> QuarantineRecord:
+    return QuarantineRecord(report.path, None, False, error, report.level, report.reason, report.format,
+                            report.step, None, report.trust.value, report.trust_names)
 
 
 def _safe(tag: str) -> str:

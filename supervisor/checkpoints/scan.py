@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,10 +16,10 @@ from ..states import Verdict
 from . import formats as F
 from .fsio import describe_oserror
 from .naming import has_checkpoint_suffix, is_ignored_name, parse_name
-from .quarantine import QuarantineRecord
-from .quarantine import quarantine as quarantine_checkpoint
+from .quarantine import QuarantineRecord, quarantine_all
 from .quarantine import quarantine_tag as default_tag
-from .resume import ResumeDecision, choose_resume_point
+from .resume import Fingerprints, ResumeDecision, choose_resume_point, is_usable
+from .trust import Trust
 from .validate import CheckpointReport, validate
 
 # A CORRUPT verdict on anything modified more recently than this is reported IN_PROGRESS and
@@ -46,7 +46,7 @@ def _list(ckpt_dir: str | os.PathLike[str]) -> tuple[list[str], frozenset[str]]:
             if is_ignored_name(name):
                 continue
             info = parse_name(name)
-            named = has_checkpoint_suffix(name) or info.step is not None or info.is_last
+            named = has_checkpoint_suffix(name) or info.step is not None or info.is_last or info.index is not None
             if entry.is_symlink():
                 keep = named
             elif entry.is_dir(follow_symlinks=False):
@@ -68,6 +68,8 @@ def scan(
     quiet_s: float = 0.0,
     writers_alive: bool = True,
     extra_safe_globals: Iterable[str] = (),
+    step_from: str | None = None,
+    recorded_steps: Mapping[str, RecordedStep] | None = None,
 ) -> list[CheckpointReport]:
     """Validate every candidate in ``ckpt_dir``; newest first by step. (OSError when the dir
     itself cannot be listed.)"""
@@ -75,7 +77,7 @@ def scan(
 
     paths, names = _list(ckpt_dir)
     opts = _Opts(os.fspath(ckpt_dir), names, time.time() if now is None else now, quiet_s,
-                 writers_alive, tuple(extra_safe_globals))
+                 writers_alive, tuple(extra_safe_globals), step_from, dict(recorded_steps or {}))
     reports = [r for r in (_validate(path, deep, opts) for path in paths) if r is not None]
     return list(order_candidates(reports))
 
@@ -94,6 +96,7 @@ class ResumeResult:
     chosen: CheckpointReport | None = field(default=None, repr=False)
     deep_checked: tuple[str, ...] = ()  # paths CRC-checked (L4) while confirming the choice
     error: str | None = None  # the checkpoint dir exists but could not be listed (EACCES, EIO...)
+    trust: str | None = None  # the chosen one's trust note: "untrusted (names __main__.Cfg), written by this run"
 
     @property
     def found(self) -> bool:
@@ -104,10 +107,12 @@ class ResumeResult:
         return {
             "path": self.path,
             "step": self.step,
+            "step_source": self.chosen.step_source if self.chosen is not None else None,
             "reason": self.reason,
             "candidates": list(self.candidates),
             "quarantined": [q.path for q in self.quarantined if q.ok],
             "quarantine_failed": [q.path for q in self.quarantined if not q.ok],
+            "trust": self.trust,
         }
 
     def quarantine_events(self) -> list[dict[str, Any]]:
@@ -133,6 +138,10 @@ def find_resume_point(
     quiet_s: float = DEFAULT_QUIET_S,
     writers_alive: bool = True,
     extra_safe_globals: Iterable[str] = (),
+    step_from: str | None = None,
+    recorded_steps: Mapping[str, RecordedStep] | None = None,
+    require_trusted: bool = False,
+    own: Fingerprints | None = None,
 ) -> ResumeResult:
     """Validate ``ckpt_dir``, choose the resume point, and with ``deep_confirm`` CRC-check (L4)
     the chosen one, falling back to the next candidate while the check finds damage; an
@@ -140,7 +149,12 @@ def find_resume_point(
     ``quarantine``, every CORRUPT candidate is renamed aside. ``writers_alive=False``: no process of
     this run can be writing (the run loop holds the run lock and its child is gone), so a torn file
     modified a moment ago is CORRUPT, not IN_PROGRESS. ``extra_safe_globals``: globals
-    (``"pkg.mod:Class"``) a user declared safe, on top of the allowlist. Never raises for a missing
+    (``"pkg.mod:Class"``) a user declared safe, on top of the allowlist. ``step_from``: the user's
+    rule for the step (config ``checkpoint.step_from``). ``recorded_steps``: path -> the step the
+    log reported when that checkpoint was saved (from the event log), the last source of a step
+    (supervisor/checkpoints/stepsource.py). ``require_trusted``: an untrusted file is a resume point
+    only when this run wrote it (``own``: path -> size and mtime from its ``save_end``); it is never
+    touched either way. Never raises for a missing
     or unlistable dir or a read-only filesystem: the result says so (``error``).
 
     Cost stays flat with the number of checkpoints: step checkpoints are checked newest first
@@ -159,13 +173,17 @@ def find_resume_point(
     except OSError as exc:
         reason = f"cannot list checkpoint dir {root}: {describe_oserror(exc)}"
         return ResumeResult(root, None, None, reason, (), error=reason)
-    opts = _Opts(root, names, now, quiet_s, writers_alive, tuple(extra_safe_globals))
+    opts = _Opts(root, names, now, quiet_s, writers_alive, tuple(extra_safe_globals), step_from,
+                 dict(recorded_steps or {}))
+    own = {os.path.abspath(p): fp for p, fp in (own or {}).items()}
     known: dict[str, CheckpointReport] = {}
     quick: dict[str, CheckpointReport | None] = {}
     deep_checked: list[str] = []
     while True:
-        reports = _reports_for_resume(paths, known, quick, opts, want_valid=deep_confirm)
-        decision = choose_resume_point(reports, require_verified=deep_confirm)
+        reports = _reports_for_resume(paths, known, quick, opts, want_valid=deep_confirm,
+                                      usable=lambda r: is_usable(r, require_trusted=require_trusted, own=own))
+        decision = choose_resume_point(reports, require_verified=deep_confirm, require_trusted=require_trusted,
+                                       own=own)
         chosen = decision.chosen
         if not deep_confirm or chosen is None or chosen.path in deep_checked:
             break
@@ -179,7 +197,7 @@ def find_resume_point(
     records: tuple[QuarantineRecord, ...] = ()
     if quarantine and decision.to_quarantine:
         tag = quarantine_tag or default_tag(now=now)
-        records = tuple(quarantine_checkpoint(r, root, tag, now=now) for r in decision.to_quarantine)
+        records = quarantine_all(decision.to_quarantine, root, tag, now=now)
     return _result(root, decision, records, deep_checked)
 
 
@@ -191,6 +209,20 @@ class _Opts:
     quiet_s: float
     writers_alive: bool
     extra_safe: tuple[str, ...]
+    step_from: str | None = None
+    recorded: dict[str, RecordedStep] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RecordedStep:
+    """What the event log says about a save: the step then, and the size it had (None: unknown).
+    The step holds only for the file as it was: a file of another size was rewritten since."""
+
+    step: int
+    bytes: int | None = None
+
+    def holds_for(self, size: int, is_dir: bool) -> bool:
+        return self.bytes is None or is_dir or self.bytes == size
 
 
 def _validate(path: str, deep: bool, opts: _Opts, max_level: int = 3) -> CheckpointReport | None:
@@ -198,7 +230,7 @@ def _validate(path: str, deep: bool, opts: _Opts, max_level: int = 3) -> Checkpo
     try:
         return validate(path, deep, confine_to=opts.root, now=opts.now, quiet_s=opts.quiet_s,
                         max_level=max_level, siblings=opts.names, writers_alive=opts.writers_alive,
-                        extra_safe=opts.extra_safe)
+                        extra_safe=opts.extra_safe, step_from=opts.step_from, log_step=_log_step(path, opts))
     except FileNotFoundError:
         return None
     except OSError as exc:  # lstat of the path itself failed (EACCES on a parent, ENAMETOOLONG...)
@@ -206,15 +238,27 @@ def _validate(path: str, deep: bool, opts: _Opts, max_level: int = 3) -> Checkpo
         return CheckpointReport(path=path, format=F.UNKNOWN, verdict=Verdict.UNVERIFIABLE, level=0,
                                 reason=f"cannot stat: {describe_oserror(exc)}", size=0,
                                 step=parse_name(name).step, name_step=parse_name(name).step,
-                                load_safe=False)
+                                load_safe=False, trust=Trust.UNSCANNED)
+
+
+def _log_step(path: str, opts: _Opts) -> int | None:
+    """The step the log reported when ``path`` was saved, if the file is still the one saved then."""
+    recorded = opts.recorded.get(path)
+    if recorded is None:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return recorded.step if recorded.holds_for(st.st_size, os.path.isdir(path)) else None
 
 
 def _reports_for_resume(paths: list[str], known: dict[str, CheckpointReport],
                         quick: dict[str, CheckpointReport | None], opts: _Opts, *,
-                        want_valid: bool = False) -> list[CheckpointReport]:
+                        want_valid: bool = False,
+                        usable: Callable[[CheckpointReport], bool] = is_usable) -> list[CheckpointReport]:
     """Full reports down to the first usable step checkpoint (the first VALID one with
     ``want_valid``), quick (L1) ones below it."""
-    from .resume import is_usable
 
     def full(path: str) -> CheckpointReport | None:
         if path not in known:
@@ -233,7 +277,7 @@ def _reports_for_resume(paths: list[str], known: dict[str, CheckpointReport],
     for path, info in named:
         if anchor_step is None or info.step == anchor_step:
             report = full(path)
-            if (report is not None and anchor_step is None and is_usable(report)
+            if (report is not None and anchor_step is None and usable(report)
                     and (not want_valid or report.verdict is Verdict.VALID)):
                 anchor_step = info.step
         else:
@@ -260,4 +304,5 @@ def _result(root: str, decision: ResumeDecision, records: tuple[QuarantineRecord
         reports=decision.candidates,
         chosen=decision.chosen,
         deep_checked=tuple(deep_checked),
+        trust=decision.trust_note,
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..states import Verdict
 from .filecheck import check_file
 from .limits import MAX_STEP
+from .picklescan import step_keys, user_step_key
 
 
 @dataclass(frozen=True)
@@ -27,16 +28,20 @@ class StepInfo:
     epoch: int | None
     format: str
     reason: str  # what the validator found (the file is whole and safe to scan)
+    key: str | None = None  # the top-level key that held the step ("iter_num"), when one did
 
 
-def embedded_step(path: str | os.PathLike[str]) -> StepInfo | None:
+def embedded_step(path: str | os.PathLike[str], user_key: str | None = None) -> StepInfo | None:
     """The step/epoch inside the checkpoint file at ``path``, or None when the file is not a whole,
     allowlisted single-file checkpoint (torn, unsafe, over a scanner cap, a directory, unreadable)
     or holds neither. Pure apart from bounded reads (trailer, central directory, ``data.pkl``:
-    milliseconds, whatever the file size); never raises."""
+    milliseconds, whatever the file size); never raises. ``user_key``: a key to look at first
+    (config ``checkpoint.step_from: key:NAME``)."""
     raw = os.fspath(path)
     try:
-        outcome = check_file(raw, max_level=3)
+        with user_step_key(user_key):
+            outcome = check_file(raw, max_level=3)
+            keys = step_keys()
     except OSError:
         return None
     if outcome.verdict is not Verdict.VALID or not outcome.load_safe:
@@ -46,4 +51,6 @@ def embedded_step(path: str | os.PathLike[str]) -> StepInfo | None:
     epoch = outcome.epoch if outcome.epoch is not None and 0 <= outcome.epoch <= MAX_STEP else None
     if step is None and epoch is None:
         return None
-    return StepInfo(raw, step, epoch, outcome.format, outcome.reason)
+    key = next((k for k in keys if step is not None and type(outcome.facts.get(k)) is int
+                and outcome.facts.get(k) == step), None)
+    return StepInfo(raw, step, epoch, outcome.format, outcome.reason, key)

@@ -24,6 +24,9 @@ from .filecheck import check_file
 from .fsio import describe_oserror, file_kind
 from .naming import parse_name, unfinished_marker_names
 from .outcome import Outcome, unverifiable
+from .picklescan import step_keys, user_step_key
+from .stepsource import StepChoice, StepEvidence, StepRule, choose_step, is_accelerate_state_dir, parse_step_rule
+from .trust import Trust, TrustNote, collecting, file_trust
 
 log = logging.getLogger("supervisor.checkpoints")
 
@@ -50,9 +53,20 @@ class CheckpointReport:
     link_target: str | None = None  # what a symlink points to (as written in the link)
     link_outside: bool = False  # a symlink leaving the checkpoint dir: never followed or touched
     mtime: float | None = None  # newest mtime inside; informational only, never used to order
-    # False: a pickle in it names a global outside the allowlist, or could not be scanned to the
-    # end (over a scanner cap, unknown format). Never a resume point, whatever the verdict.
+    # False: a pickle in it could not be scanned to the end (over a scanner cap, unknown format) or
+    # names a code-execution primitive. Never a resume point, whatever the verdict.
     load_safe: bool = True
+    step_source: str | None = None  # where ``step`` came from (supervisor/checkpoints/stepsource.py)
+    index: int | None = None  # a save index in the name (Accelerate checkpoint_<i>): orders saves only
+    # The trust note beside the verdict (checkpoints/trust.py): which globals its pickles name.
+    # Untrusted is not torn: such a file stays a resume candidate unless require_trusted.
+    trust: Trust = Trust.TRUSTED
+    trust_names: tuple[str, ...] = ()  # the untrusted or hostile globals, "module.name"
+
+    @property
+    def step_described(self) -> str:
+        """``240 (key iter_num)``, ``- (save index 3)`` or ``-``, for listings."""
+        return StepChoice(self.step, self.step_source, self.index, "").described
 
     @property
     def ok(self) -> bool:
@@ -62,16 +76,24 @@ class CheckpointReport:
     def name(self) -> str:
         return os.path.basename(self.path.rstrip("/"))
 
+    @property
+    def trust_note(self) -> TrustNote:
+        return TrustNote(self.trust, self.trust_names)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["verdict"] = self.verdict.value
+        data["integrity"] = self.verdict.value
+        data["trust"] = self.trust.value
+        data["trust_names"] = list(self.trust_names)
         data["ok"] = self.ok
         return data
 
     def brief(self) -> dict[str, Any]:
         """The fields of a ``resume_point`` event's candidate list."""
         return {"path": self.path, "verdict": self.verdict.value, "step": self.step,
-                "level": self.level, "format": self.format, "reason": self.reason}
+                "step_source": self.step_source, "level": self.level, "format": self.format, "reason": self.reason,
+                "trust": self.trust.value, "trust_names": list(self.trust_names[:8])}
 
 
 def validate(
@@ -85,6 +107,8 @@ def validate(
     siblings: frozenset[str] | None = None,
     writers_alive: bool = True,
     extra_safe: Iterable[str] = (),
+    step_from: str | None = None,
+    log_step: int | None = None,
 ) -> CheckpointReport:
     """Validate one checkpoint without executing anything in it.
 
@@ -97,13 +121,17 @@ def validate(
     early (a quick look at candidates older than the resume point; directories always get their
     full check). ``siblings``: the names in the parent directory when the caller has listed it
     (saves a stat per marker lookup). ``extra_safe``: globals (``"pkg.mod:Class"``) accepted on top
-    of the allowlist. Raises FileNotFoundError only when ``path`` itself does not exist; every
+    of the allowlist. ``step_from``: the user's rule for the step (config ``checkpoint.step_from``);
+    ``log_step``: the step the log reported when this checkpoint was saved (the event log), used
+    when nothing better says. Raises FileNotFoundError only when ``path`` itself does not exist; every
     other OSError (a symlink loop, no permission, a FIFO) is a verdict with a reason."""
     raw = os.fspath(path)
     name = os.path.basename(raw.rstrip("/")) or raw
     info = parse_name(name)
     st = os.lstat(raw)  # FileNotFoundError: the caller's (rotation between listing and checking)
-    base = {"path": raw, "name_step": info.step, "is_last": info.is_last, "version": info.version}
+    base: dict[str, Any] = {"path": raw, "name_step": info.step, "is_last": info.is_last, "version": info.version,
+                            "_rule": parse_step_rule(step_from), "_log_step": log_step, "_name": name,
+                            "_index": info.index}
     name_step = info.step
     if stat.S_ISLNK(st.st_mode):
         try:
@@ -140,8 +168,23 @@ def validate(
                               f"NeMo marker '{marker}' present and no writer is alive: the save never finished")
         return _report(base, outcome, st.st_size, st.st_mtime)
     is_dir = stat.S_ISDIR(st.st_mode)
-    with extra_safe_globals(extra_safe):
+    rule = base["_rule"]
+    with extra_safe_globals(extra_safe), collecting() as notes, \
+            user_step_key(rule.arg if rule is not None and rule.kind == "key" else None):
         outcome = _run_ladder(raw, is_dir, st, deep, max_level)
+    if info.index is not None and not (is_dir and _accelerate_dir(raw)):
+        name_step = info.index  # checkpoint_<N> that Accelerate did not write: N is the step
+        base["name_step"], base["_index"] = name_step, None
+    # Each pickle scanned to its end records a note. None recorded: trusted only when the ladder
+    # reached the scan level and passed (safetensors, a directory of them: nothing names a global).
+    reached_scan = (is_dir or deep or max_level >= 3) and outcome.verdict is not Verdict.CORRUPT
+    note = file_trust(notes, fully_scanned=outcome.load_safe and (bool(notes) or reached_scan))
+    if note.trust is Trust.HOSTILE and outcome.verdict is not Verdict.CORRUPT:
+        # a hostile member the format check let pass (a training_args.bin HF never loads): the
+        # directory is forged or damaged all the same
+        outcome = outcome.but(verdict=Verdict.CORRUPT, load_safe=False,
+                              reason=f"hostile pickle inside: names {', '.join(note.names[:3])} ({note.reason}); "
+                                     f"{outcome.reason}")
     size, mtime = st.st_size, st.st_mtime
     if is_dir:
         try:
@@ -156,7 +199,21 @@ def validate(
         outcome = outcome.but(verdict=Verdict.IN_PROGRESS,
                               reason=f"modified {max(now - mtime, 0):.1f} s ago, may still be written "
                                      f"({outcome.reason})")
-    return _report(base, outcome, size, mtime, is_dir=is_dir, name_step=name_step)
+    return _report(base, outcome, size, mtime, is_dir=is_dir, name_step=name_step,
+                   trust=note.trust, trust_names=note.names)
+
+
+def fingerprint(path: str | os.PathLike[str]) -> tuple[int, float] | None:
+    """(size, mtime) of a checkpoint as :func:`validate` reports them (a directory: total bytes and
+    newest mtime inside): what a ``save_end`` event records, so a later scan can tell a file this
+    run wrote from one put there since. None when it cannot be read."""
+    try:
+        st = os.stat(path)
+        if stat.S_ISDIR(st.st_mode):
+            return dir_size_and_mtime(os.fspath(path))
+        return st.st_size, st.st_mtime
+    except OSError:
+        return None
 
 
 def _run_ladder(path: str, is_dir: bool, st: os.stat_result, deep: bool, max_level: int) -> Outcome:
@@ -193,14 +250,41 @@ def _step_rule(outcome: Outcome, name_step: int | None) -> Outcome:
 
 
 def _report(base: dict, outcome: Outcome, size: int, mtime: float | None, **extra: Any) -> CheckpointReport:
-    fields = dict(base)
+    fields: dict[str, Any] = {"trust": Trust.UNSCANNED}  # paths that stop before any scan
+    fields.update({k: v for k, v in base.items() if not k.startswith("_")})
     fields.update(extra)
-    name_step = fields.get("name_step")
-    step = name_step if name_step is not None else outcome.embedded_step
+    choice = choose_step(StepEvidence(
+        name=base.get("_name", ""), name_step=fields.get("name_step") if base.get("_index") is None else None,
+        name_is_index=False, inside_step=outcome.embedded_step, inside_key=_inside_key(outcome, base.get("_rule")),
+        inside_where=_inside_where(outcome), log_step=base.get("_log_step")), base.get("_rule"))
     return CheckpointReport(format=outcome.format, verdict=outcome.verdict, level=outcome.level,
-                            reason=outcome.reason, size=size, step=step,
+                            reason=outcome.reason, size=size, step=choice.step,
                             embedded_step=outcome.embedded_step, epoch=outcome.epoch, mtime=mtime,
-                            load_safe=outcome.load_safe, **fields)
+                            load_safe=outcome.load_safe, step_source=choice.source, index=base.get("_index"),
+                            **fields)
+
+
+def _inside_key(outcome: Outcome, rule: StepRule | None) -> str | None:
+    """The top-level key the embedded step was read from (``iter_num``), when one holds it."""
+    if outcome.embedded_step is None:
+        return None
+    with user_step_key(rule.arg if rule is not None and rule.kind == "key" else None):
+        keys = step_keys()
+    return next((k for k in keys if outcome.facts.get(k) == outcome.embedded_step
+                 and type(outcome.facts.get(k)) is int), None)
+
+
+def _inside_where(outcome: Outcome) -> str | None:
+    """Where inside a directory format the step was read, for the step's source."""
+    return {F.HF_TRAINER: "trainer_state.json", F.DCP: "DCP metadata", F.DEEPSPEED: "DeepSpeed tag",
+            F.LIGHTNING_DEEPSPEED: "DeepSpeed tag"}.get(outcome.format)
+
+
+def _accelerate_dir(path: str) -> bool:
+    try:
+        return is_accelerate_state_dir(os.listdir(path))
+    except OSError:
+        return False
 
 
 def _inside(resolved: str, root: str) -> bool:

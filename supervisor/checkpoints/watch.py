@@ -178,11 +178,12 @@ class DirWatcher:
     def _dirs_to_walk(self, dirs: list[os.DirEntry]) -> list[os.DirEntry]:
         known = self._prev or {}
         named = [(parse_name(d.name), d) for d in dirs]
-        stepped = sorted(((info.step, d) for info, d in named if info.step is not None), key=lambda x: x[0],
-                         reverse=True)
+        ordered = [(n, d) for info, d in named if (n := info.step if info.step is not None else info.index) is not None]
+        stepped = sorted(ordered, key=lambda x: x[0], reverse=True)
         keep = {d.name for _, d in stepped[:TRACKED_DIRS]}
         keep |= {d.name for info, d in named if info.is_last or d.name not in known or d.name in self._active}
         return [d for d in dirs if d.name in keep and (parse_name(d.name).step is not None
+                                                      or parse_name(d.name).index is not None
                                                       or has_checkpoint_suffix(d.name)
                                                       or parse_name(d.name).is_last
                                                       or F.detect_dir(d.path) not in (F.DIRECTORY, F.UNKNOWN))]

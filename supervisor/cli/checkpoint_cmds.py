@@ -8,6 +8,7 @@ exist or cannot be read, a resume-point argument that is not a directory).
 from __future__ import annotations
 
 import os
+import re
 import stat
 import sys
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import click
 
 from ..errors import ExitCode, UsageError
+from ..textsafe import printable
 from .common import echo_json, handle_errors
 
 
@@ -41,13 +43,30 @@ def _require_readable(path: str, *, want_dir: bool = False) -> None:
         raise UsageError(f"{path}: cannot open ({exc.strerror or exc})") from None
 
 
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def parse_safe_globals(values: tuple[str, ...]) -> tuple[str, ...]:
-    """Check each ``MODULE:NAME`` (``mypkg.config:TrainConfig``); a bad one is a usage error."""
+    """Check each ``MODULE:NAME`` (``mypkg.config:TrainConfig``); a bad one is a usage error. The
+    same rule as ``checkpoint.safe_globals`` in the config file."""
+    out = []
     for value in values:
-        module, sep, name = value.partition(":")
-        if not sep or not module.strip() or not name.strip():
-            raise UsageError(f"--safe-global {value!r}: give MODULE:NAME, e.g. mypkg.config:TrainConfig")
-    return tuple(v.strip() for v in values)
+        module, sep, name = value.strip().partition(":")
+        if not sep or not all(_IDENT.fullmatch(part) for part in (*module.split("."), *name.split("."))):
+            raise UsageError(f"--safe-global {value!r}: give MODULE:NAME, e.g. mypkg.config:TrainConfig "
+                             "(use __main__:Cfg for a class defined in the training script itself)")
+        out.append(value.strip())
+    return tuple(out)
+
+
+def safe_global_option(func: Any) -> Any:
+    """``--safe-global MODULE:NAME`` (repeatable), shared by run, verify and resume-point."""
+    return click.option(
+        "--safe-global", "safe_globals", multiple=True, metavar="MODULE:NAME",
+        help="Trust this pickled class as if it were on the allowlist (like torch's add_safe_globals); "
+             "repeatable. Trust is a note: untrusted whole files are still resume points unless "
+             "checkpoint.require_trusted is set. A code-execution primitive (os.system...) is never trusted.",
+    )(func)
 
 
 def _expand(path: str) -> list[str]:
@@ -59,7 +78,7 @@ def _expand(path: str) -> list[str]:
     if not os.path.isdir(path) or os.path.islink(path):
         return [path]
     info = parse_name(os.path.basename(os.path.normpath(path)))
-    if info.step is not None or info.is_last or has_checkpoint_suffix(info.name):
+    if info.step is not None or info.is_last or info.index is not None or has_checkpoint_suffix(info.name):
         return [path]
     if F.detect_dir(path) != F.DIRECTORY:
         return [path]
@@ -77,31 +96,42 @@ def _size(n: int) -> str:
 
 
 def _row(report: Any) -> str:
-    step = "-" if report.step is None else str(report.step)
+    step = report.step_described  # "240 (key iter_num)": the step and where it came from
     return (f"{report.verdict.value:<12} {report.format:<19} L{report.level}  {_size(report.size):>9}  "
-            f"step {step:<8} {report.path}\n    {report.reason}")
+            f"step {step:<8} {printable(report.path)}\n    {verdicts(report)}\n    {printable(report.reason)}")
+
+
+def verdicts(report: Any) -> str:
+    """Both verdicts on one line: ``valid (whole) · untrusted: names __main__.Cfg`` (the names a
+    pickle holds are the file's words: escaped)."""
+    integrity = "valid (whole)" if report.ok else report.verdict.value.replace("_", " ")
+    return printable(f"{integrity} · {report.trust_note.describe()}")
 
 
 @click.command("verify")
 @click.argument("paths", nargs=-1, required=True)
 @click.option("--deep", is_flag=True, help="Also CRC-check every byte (L4): reads the whole file.")
+@safe_global_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object per checkpoint.")
 @handle_errors
-def verify(paths: tuple[str, ...], deep: bool, as_json: bool) -> None:
+def verify(paths: tuple[str, ...], deep: bool, safe_globals: tuple[str, ...], as_json: bool) -> None:
     """Validate checkpoint files or directories without loading them (never unpickles).
 
-    One row per checkpoint: verdict, format, level reached (L0 stat .. L4 CRC), size, step, reason.
+    One row per checkpoint: verdict, format, level reached (L0 stat .. L4 CRC), size, step; then
+    both verdicts (integrity: whole or not; trust: which globals its pickles name) and the reason.
     A directory that is not a checkpoint itself is expanded to the checkpoints in it.
-    Exit 0 when every checkpoint is valid, 1 when any is not, 2 for a missing or unreadable path."""
+    Exit 0 when every checkpoint is valid (whole, whatever its trust), 1 when any is not, 2 for a
+    missing or unreadable path."""
     from ..checkpoints.validate import validate
 
+    extra = parse_safe_globals(safe_globals)
     for path in paths:
         _require_readable(path)
     reports = []
     for path in paths:
         for item in _expand(path):
             try:
-                reports.append(validate(item, deep))
+                reports.append(validate(item, deep, extra_safe=extra))
             except FileNotFoundError:
                 raise UsageError(f"{item}: vanished while checking") from None
     if as_json:
@@ -123,13 +153,14 @@ def verify(paths: tuple[str, ...], deep: bool, as_json: bool) -> None:
 @click.option("--no-writers", is_flag=True,
               help="Nothing is writing into the directory now (the run is stopped): a torn file is torn, "
                    "whatever its age, and is quarantined with --quarantine.")
-@click.option("--safe-global", "safe_globals", multiple=True, metavar="MODULE:NAME",
-              help="Also accept this pickled class or function in checkpoints (like torch's add_safe_globals); "
-                   "repeatable. Only for classes you trust: loading runs their code.")
+@safe_global_option
+@click.option("--require-trusted", is_flag=True,
+              help="Skip whole checkpoints whose pickles name globals outside the allowlist and --safe-global "
+                   "(they are left untouched), like checkpoint.require_trusted.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 @handle_errors
 def resume_point(ckpt_dir: str, quarantine: bool, deep: bool, tag: str | None, settle: float,
-                 no_writers: bool, safe_globals: tuple[str, ...], as_json: bool) -> None:
+                 no_writers: bool, safe_globals: tuple[str, ...], require_trusted: bool, as_json: bool) -> None:
     """Choose the checkpoint to resume from: the newest valid one by the step in its name.
 
     Lists every candidate with its verdict. Exit 0 when a resume point exists, 1 when none does
@@ -140,7 +171,8 @@ def resume_point(ckpt_dir: str, quarantine: bool, deep: bool, tag: str | None, s
     _require_readable(ckpt_dir, want_dir=True)
     result = find_resume_point(ckpt_dir, quarantine=quarantine, quarantine_tag=tag, deep_confirm=deep,
                                quiet_s=settle, writers_alive=not no_writers,
-                               extra_safe_globals=parse_safe_globals(safe_globals))
+                               extra_safe_globals=parse_safe_globals(safe_globals),
+                               require_trusted=require_trusted)
     if as_json:
         echo_json(result.to_dict())
     else:
@@ -151,22 +183,24 @@ def resume_point(ckpt_dir: str, quarantine: bool, deep: bool, tag: str | None, s
 
 def _print_resume(result: Any) -> None:
     if result.reports:
-        click.echo(f"candidates in {result.ckpt_dir} (newest first by step):")
+        click.echo(f"candidates in {printable(result.ckpt_dir)} (newest first by step):")
         for report in result.reports:
-            step = "-" if report.step is None else str(report.step)
-            click.echo(f"  {report.verdict.value:<12} step {step:<8} L{report.level}  {report.name}\n"
-                       f"      {report.reason}")
+            step = report.step_described
+            click.echo(f"  {report.verdict.value:<12} step {step:<8} L{report.level}  {printable(report.name)}\n"
+                       f"      {verdicts(report)}\n      {printable(report.reason)}")
     if result.found:
-        step = result.step if result.step is not None else "unknown"
-        click.echo(f"resume point: {result.path} (step {step})\n  reason: {result.reason}")
+        source = getattr(result.chosen, "step_source", None)
+        step = "unknown" if result.step is None else f"{result.step}, from {source}" if source else result.step
+        click.echo(f"resume point: {printable(result.path)} (step {printable(str(step))})\n"
+                   f"  reason: {printable(result.reason)}\n  trust: {printable(str(result.trust))}")
     else:
-        click.echo(f"resume point: none: {result.reason} in {result.ckpt_dir}")
+        click.echo(f"resume point: none: {printable(result.reason)} in {printable(result.ckpt_dir)}")
     for record in result.quarantined:
         if record.ok:
-            note = f" ({record.error})" if record.error else ""
-            click.echo(f"quarantined: {record.path} -> {record.dest}{note}")
+            note = f" ({printable(record.error)})" if record.error else ""
+            click.echo(f"quarantined: {printable(record.path)} -> {printable(record.dest)}{note}")
         else:
-            click.echo(f"quarantine failed: {record.path}: {record.error}", err=True)
+            click.echo(f"quarantine failed: {printable(record.path)}: {printable(record.error)}", err=True)
 
 
 def register(group: click.Group) -> None:

@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 import click
 
 from ..errors import ExitCode, SupervisorError
+from ..redact import redact_text
+from ..textsafe import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("supervisor")
@@ -21,15 +23,27 @@ def setup_logging(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2) if verbose else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("[supervise %(asctime)s] %(message)s", "%H:%M:%S"))
+    handler.addFilter(_redact_record)  # stderr lands in Slurm's output file, often readable by all
     root = logging.getLogger("supervisor")
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
 
 
+def _redact_record(record: logging.LogRecord) -> bool:
+    """A log line says the command it started, the failure it saw: credentials out, controls escaped."""
+    try:
+        message = record.getMessage()
+    except Exception:  # noqa: BLE001 - a bad format string is logging's problem to report, not ours
+        return True
+    record.msg, record.args = printable(redact_text(message)), None
+    return True
+
+
 def fail(message: str, code: int = ExitCode.USAGE) -> None:
-    """One line on stderr naming the problem, then exit with a documented code."""
-    click.echo(f"supervise: error: {message}", err=True)
+    """One line on stderr naming the problem, then exit with a documented code. The message is
+    escaped: a path or name in it with a newline or ESC can neither forge a line nor drive the terminal."""
+    click.echo(f"supervise: error: {printable(message)}", err=True)
     sys.exit(code)
 
 

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 
+from ..errors import UsageError
+from ..redact import redact_text
+from ..textsafe import printable
 from .common import echo_json, handle_errors
 
 EPILOG = """\b
@@ -41,33 +44,46 @@ by --max-seconds and by a step count past the failure step.
               help="compute-sanitizer to run the training under (memcheck): auto = from PATH when installed.")
 @click.option("--cwd", "cwd", type=click.Path(path_type=Path, file_okay=False, exists=True), default=None,
               help="Directory to run the command in [the one the run recorded, else the current one].")
+@click.option("--env", "env_items", multiple=True, metavar="NAME=VALUE",
+              help="Set a variable in the rerun (repeatable) [the rerun runs in the environment the failed attempt "
+                   "recorded; a credential the record holds redacted is taken from this shell].")
 @click.option("--no-record", is_flag=True, help="Do not append the diagnosis event to the run's event log.")
 @click.option("--dry-run", is_flag=True, help="Print what would be run, and run nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON.")
 @handle_errors
 def diagnose_cmd(run_dir: Path, attempt: int | None, max_seconds: float, max_steps: int | None,
-                 scratch: Path | None, sanitizer: str, cwd: Path | None, no_record: bool, dry_run: bool,
-                 as_json: bool) -> None:
+                 scratch: Path | None, sanitizer: str, cwd: Path | None, env_items: tuple[str, ...], no_record: bool,
+                 dry_run: bool, as_json: bool) -> None:
     """After an illegal memory access or a device-side assert: rerun the training from the
     checkpoint saved before the failure with CUDA_LAUNCH_BLOCKING=1 (and under compute-sanitizer's
     memcheck when it is installed), bounded in steps and time, and name the kernel and the Python
     line that failed. The result is appended to the run's event log as a `diagnosis` event."""
     from ..diagnose import diagnose, render
 
+    overrides: dict[str, str] = {}
+    for given in env_items:
+        name, eq, value = given.partition("=")
+        if not eq or not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise UsageError(f"--env {given!r}: expected NAME=VALUE with a variable name, e.g. --env TRIGGER=1")
+        overrides[name] = value
     plan, diag = diagnose(run_dir, attempt=attempt, max_seconds=max_seconds, max_steps=max_steps, scratch=scratch,
                           sanitizer=sanitizer, cwd=str(cwd) if cwd else None, record=not no_record,
-                          dry_run=dry_run)
+                          dry_run=dry_run, env_overrides=overrides)
     if diag is None:
-        summary = {"attempt": plan.failure.attempt, "class": plan.failure.cls, "failure_step": plan.failure.step,
+        summary: dict[str, object] = {
+            "attempt": plan.failure.attempt, "class": plan.failure.cls, "failure_step": plan.failure.step,
                    "checkpoint": plan.checkpoint, "checkpoint_step": plan.checkpoint_step,
                    "checkpoint_reason": plan.checkpoint_reason, "argv": list(plan.argv), "cwd": plan.cwd,
                    "scratch": plan.scratch, "stop_at_step": plan.stop_at_step, "max_seconds": plan.max_seconds,
-                   "tools": list(plan.tools), "redirected": list(plan.redirected)}
+                   "tools": list(plan.tools), "redirected": list(plan.redirected),
+                   "environment": plan.environment.source if plan.environment else None,
+                   "environment_from_shell": list(plan.environment.from_shell) if plan.environment else [],
+                   "environment_unset": list(plan.environment.unset) if plan.environment else []}
         if as_json:
             echo_json(summary)
         else:
-            for key, value in summary.items():
-                click.echo(f"{key}: {value}")
+            for key, shown in summary.items():
+                click.echo(printable(redact_text(f"{key}: {shown}")))
         return
     if as_json:
         echo_json(diag.to_dict())

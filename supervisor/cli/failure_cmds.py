@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from ..errors import ExitCode, UsageError
+from ..textsafe import printable
 from .common import echo_json, handle_errors, log
 
 DEFAULT_TAIL_MB = 2.0  # classify reads at most this much from the end of the log
@@ -123,13 +124,13 @@ def classify_cmd(logfile: Path, exit_code: int | None, signal_text: str | None, 
     where = [f"node {failure.node}" if failure.node else "", f"rank {failure.rank}" if failure.rank is not None else ""]
     if any(where):
         click.echo(f"where:    {', '.join(w for w in where if w)}")
-    click.echo(f"reason:   {failure.reason}")
+    click.echo(f"reason:   {printable(failure.reason)}")
     if failure.text_claim:
-        click.echo(f"text claim: {failure.text_claim}")
+        click.echo(f"text claim: {printable(failure.text_claim)}")
     if failure.evidence:
         click.echo("evidence:")
         for line in failure.evidence:
-            click.echo(f"  {line}")
+            click.echo(f"  {printable(line)}")
 
 
 def _fmt(value: Any) -> str:
@@ -229,12 +230,12 @@ def audit_cmd(run_dir: Path, config_file: Path | None, as_json: bool) -> None:
                              _fmt(r.last_step), _fmt(r.last_durable_step),
                              fmt_lost(r.steps_lost, r.steps_lost_at_least),
                              _fmt(r.wall_lost), r.status, _fmt(r.action.value if r.action else None),
-                             (r.evidence[0][:60] if r.evidence else "")])
+                             printable(r.evidence[0][:60]) if r.evidence else ""])
             click.echo(_table(rows, ["attempt", "job", "nodes", "resume", "first", "last", "durable", "lost",
                                      "wall lost", "class", "action", "evidence"]))
             for r, a in zip(records, audits):
                 if not a.ok:
-                    click.echo(f"resume audit FAILED for attempt {r.attempt}: {a.reason}")
+                    click.echo(f"resume audit FAILED for attempt {r.attempt}: {printable(a.reason)}")
         if check is not None:
             click.echo(check.reason)
         click.echo(("verdict: " if verdict.source == "run_end" else "budget: ")

@@ -10,6 +10,7 @@ import click
 
 from ..config import load_config
 from ..errors import ExitCode, UsageError
+from ..textsafe import printable
 from .common import echo_json, handle_errors
 
 EPILOG = """\b
@@ -86,12 +87,12 @@ def nodes(as_json: bool, ledger_file: Path | None, config_file: Path | None, exc
             click.echo(f"{len(found)} suspect node(s) in {path} ({len(read.records)} records):")
         for s in found:
             state = f"EXCLUDED until {_when(by_node[s.node].until)}" if s.node in by_node else "suspect"
-            click.echo(f"{s.node}  {state}: {s.reason}")
+            click.echo(printable(f"{s.node}  {state}: {s.reason}"))
             for e in s.evidence[-8:]:
                 where = ", ".join(p for p in (f"job {e.job_id}" if e.job_id else "",
                                               f"run {e.run_dir}" if e.run_dir else "") if p)
                 detail = (e.detail or "").splitlines()[0][:160] if e.detail else ""
-                click.echo(f"  {_when(e.ts)}  {e.what:<22} {detail}" + (f"  ({where})" if where else ""))
+                click.echo(printable(f"  {_when(e.ts)}  {e.what:<22} {detail}" + (f"  ({where})" if where else "")))
             if len(s.evidence) > 8:
                 click.echo(f"  ... and {len(s.evidence) - 8} earlier record(s)")
         if read.bad_lines:

@@ -14,6 +14,8 @@ import click
 
 from ..config import load_config
 from ..errors import ExitCode, SupervisorError, UsageError
+from ..private import GROUP_READ, write_atomic
+from ..redact import redact_text
 from .common import echo_json, handle_errors
 
 if TYPE_CHECKING:  # the report package is imported when a report command runs, not at CLI start
@@ -88,12 +90,9 @@ def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | No
 
 def _write_atomically(path: Path, text: str) -> None:
     """Write next to ``path`` and rename, so a reader never opens half a page."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, redact_text(text).encode("utf-8"), GROUP_READ, durable=False)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise UsageError(f"cannot write {path} ({exc.strerror})") from None
 
 
@@ -145,11 +144,12 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
 
 def _status_view(run_dir: Path) -> StatusView:
     from ..report import build_report, check_alive, resolve_run_dir, summarize_status
+    from ..report.load import safe_text, safe_value
 
     paths = resolve_run_dir(run_dir)
     rep = build_report(paths.run_dir, check_checkpoints=False)
     live = check_alive(paths)
-    return summarize_status(rep, live.alive, live.reason, live.owner, now=time.time())
+    return summarize_status(rep, live.alive, safe_text(live.reason), safe_value(live.owner), now=time.time())
 
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import click
 
 from ..config import load_config
 from ..errors import UsageError
+from .checkpoint_cmds import parse_safe_globals, safe_global_option
 from .common import handle_errors
 
 
@@ -26,12 +28,13 @@ from .common import handle_errors
 @click.option("--stall-timeout", type=float, help="Seconds without progress before the child is killed as hung.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="Override any config key (dotted).")
 @click.option("--quiet", is_flag=True, help="Do not copy the child's output to the console.")
+@safe_global_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @handle_errors
 def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpoint_dir: str | None,
         resume_arg: str | None, resume_env: tuple[str, ...], step_regex: str | None,
-        stall_timeout: float | None,
-        sets: tuple[str, ...], quiet: bool, command: tuple[str, ...]) -> None:
+        stall_timeout: float | None, sets: tuple[str, ...], quiet: bool, safe_globals: tuple[str, ...],
+        command: tuple[str, ...]) -> None:
     """Run CMD as a supervised child: restart it after native crashes, resume it from the newest
     valid checkpoint, handle preemption notices, and record everything in RUN_DIR/supervisor/.
 
@@ -54,6 +57,10 @@ def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpo
         "resume_arg": resume_arg, "resume_env": list(resume_env) or None, "step_regex": step_regex,
         "stall_timeout": stall_timeout,
     })
+    extra = parse_safe_globals(safe_globals)
+    if extra:  # added to checkpoint.safe_globals from the config file, not instead of them
+        merged = tuple(dict.fromkeys((*cfg.checkpoint.safe_globals, *extra)))
+        cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, safe_globals=merged))
     from ..run import Runner
 
     result = Runner(cfg, list(command), echo=not quiet).run()

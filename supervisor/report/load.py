@@ -13,14 +13,16 @@ import re
 import socket
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..config import BudgetConfig, SupervisorConfig
 from ..errors import UsageError
-from ..events import read_events
+from ..events import Event, read_events
 from ..paths import RunPaths
+from ..redact import redact_text, redact_value
+from ..textsafe import printable, printable_value
 from .model import CheckpointRow, QuarantineFile, Report, fold
 
 QUARANTINE_PREFIX = "CORRUPT_"
@@ -223,9 +225,28 @@ def build_report(run_dir: Path, *, config: SupervisorConfig | None = None,
         else:
             warnings.append(f"checkpoint directory {ckpt_dir} does not exist here: no health table")
     budget = config.budget if config is not None else budget_config_from(manifests)
-    return fold(read.events, manifests, checkpoints=checkpoints, quarantine_files=quarantined,
-                budget_config=budget, bad_lines=read.bad_lines, versions=read.versions,
-                warnings=warnings)
+    # Past the I/O, everything the renderers show is made safe once, here: credentials an older
+    # version recorded are redacted, control characters (a checkpoint named with ESC or a newline,
+    # evidence lines) escaped, so no renderer (text, markdown, html, json, status) prints them raw.
+    events = [Event(safe_text(e.event), e.ts, safe_value(e.fields), e.version) for e in read.events]
+    if checkpoints is not None:
+        checkpoints = [replace(c, file=safe_text(c.file), reason=safe_text(c.reason) if c.reason else c.reason)
+                       for c in checkpoints]
+    quarantined = [replace(q, name=safe_text(q.name), sidecar=safe_value(q.sidecar) if q.sidecar else q.sidecar)
+                   for q in quarantined]
+    return fold(events, {n: safe_value(m) for n, m in manifests.items()}, checkpoints=checkpoints,
+                quarantine_files=quarantined, budget_config=budget, bad_lines=read.bad_lines,
+                versions=read.versions, warnings=[safe_text(w) for w in warnings])
+
+
+def safe_text(text: str) -> str:
+    """A string fit to show: credentials redacted, control characters escaped."""
+    return printable(redact_text(text))
+
+
+def safe_value(value: Any) -> Any:
+    """Nested data fit to show (see :func:`safe_text`)."""
+    return printable_value(redact_value(value))
 
 
 # ---------------------------------------------------------------------------------------------

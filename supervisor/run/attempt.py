@@ -32,6 +32,7 @@ class AttemptState:
     started_at: float
     resume_path: str | None = None
     resume_step: int | None = None
+    resume_step_source: str | None = None  # where the resume point's step came from ("name", "log"...)
     first_step: int | None = None
     last_step: int | None = None
     last_step_at: float | None = None

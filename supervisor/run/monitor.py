@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..checkpoints import DirWatcher
@@ -22,7 +22,7 @@ from ..errors import RunLockedError
 from ..events import Ev
 from ..nodes import record_loss_anomaly, record_slow_node
 from ..preemption import InFlightSave
-from ..progress import LossTracker, ProgressTracker, StepExtractor, StepMatch
+from ..progress import BarEvidence, LossTracker, ProgressTracker, StepConfirmer, StepExtractor, StepMatch
 from ..slownode import SlowNodeTracker
 from ..stall import StallTimeout
 from . import notice as notices
@@ -58,6 +58,9 @@ class Watch:
     next_lock_check: float = 0.0
     flood_warned: bool = False
     slow_nodes: SlowNodeTracker | None = None  # None when slow_node.action is off
+    confirm: StepConfirmer = field(default_factory=StepConfirmer)  # output steps count once their line proved itself
+    bars: BarEvidence = field(default_factory=lambda: BarEvidence(None))  # bare tqdm bars proven to count steps
+    saves_seen: int = 0  # state.saves already shown to ``bars``
 
 
 def new_watch(ctx: RunContext, state: AttemptState) -> Watch:
@@ -69,7 +72,7 @@ def new_watch(ctx: RunContext, state: AttemptState) -> Watch:
     return Watch(StepExtractor(ctx.cfg.step_regex), ProgressTracker(started_at=state.started_at),
                  LossTracker(spike_factor=ctx.cfg.loss_spike_factor), DirWatcher(ctx.layout.ckpt_dir),
                  DirEvents(ctx.layout.ckpt_dir), next_poll=now + ctx.cfg.preemption.poll_interval,
-                 slow_nodes=slow_nodes)
+                 slow_nodes=slow_nodes, bars=BarEvidence(state.resume_step))
 
 
 def monitor(ctx: RunContext, child: Any, state: AttemptState) -> ChildExit:
@@ -91,6 +94,8 @@ def _watch_until_exit(ctx: RunContext, child: Any, state: AttemptState, w: Watch
             now = ctx.clock.now()
             while drain_lines(ctx, child, state, w, now):
                 pass
+            for step in w.confirm.unconfirmed():  # seen once each: counted, but no stop on them
+                observe_step(ctx, child, state, w, step, now, "regex", confirmed=False)
             drain_control(ctx, child, state, w, now)
             final_rescan(ctx, w.watcher, state, now)
             resumable.check(ctx, state, now)
@@ -111,6 +116,7 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
     if now >= w.next_watch or woken:
         had_save = state.in_flight is not None
         watch_saves(ctx, w.watcher, state, now)
+        show_saves_to_bars(ctx, child, state, w, now)
         w.next_watch = now + WATCH_INTERVAL
         if state.in_flight is not None and state.in_flight.source == WRITER and open_save(ctx, child) is None:
             state.in_flight = None  # the file seen open for writing was closed: the save ended
@@ -160,10 +166,17 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
     resumable.observe_lines(ctx, state, lines)
     for match in matches_worth_observing(lines, w.extractor.match, first_step_seen=state.first_step is not None):
         if match.progress_only:
+            if match.bare_bar and w.bars.counts(match.shape, match.value):
+                observe_step(ctx, child, state, w, match.value, now, "regex")  # a bar proven to count steps
+                continue
             if w.progress.observe_counter(match.value, now):  # activity, not the global step
                 ctx.stall.progress(now)
-        else:
-            observe_step(ctx, child, state, w, match.value, now, "regex")
+            continue
+        steps = (match.value,) if w.extractor.user else w.confirm.feed(match.shape, match.value)
+        if not steps:
+            w.progress.touch(now)  # a line not yet proven a progress line: activity only
+        for step in steps:
+            observe_step(ctx, child, state, w, step, now, "regex")
     return len(lines)
 
 
@@ -207,41 +220,62 @@ def _in_range(found: StepMatch | None) -> StepMatch | None:
 
 
 def observe_step(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step: int, now: float,
-                 source: str) -> None:
+                 source: str, *, confirmed: bool = True) -> None:
     first = state.observe_step(step, now, source)
     if w.progress.observe(step, now):
         ctx.stall.progress(now)
     if first and not state.resume_checked:
-        audit_resume(ctx, child, state, step if state.reported_resume_step is None else state.reported_resume_step)
+        audit_resume(ctx, child, state, step if state.reported_resume_step is None else state.reported_resume_step,
+                     confirmed=confirmed)
     if now - state.last_progress_event_at >= ctx.cfg.progress_event_interval:
         state.last_progress_event_at = now
         ctx.emit(Ev.PROGRESS, attempt=state.attempt, step=state.last_step, rate=w.progress.rate(now),
                  source=state.step_source)
 
 
-def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: int) -> None:
+def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: int, *,
+                 confirmed: bool = True) -> None:
+    """``confirmed=False``: the first step comes from a line seen once (the attempt ended before a
+    second reading proved it): the audit is recorded, never acted on."""
     from ..budget import audit_resume as audit
     from ..budget import audit_fresh_start
 
     state.resume_checked = True
     verdict = audit(state.resume_step, first_step, state.resume_path)
+    if (not verdict.ok and state.resume_step_source == "log" and state.resume_step is not None
+            and first_step > state.resume_step):
+        # The resume point's step is the one the output showed when its save began: a lower bound
+        # of what the file holds. A child that resumes past it lost nothing.
+        verdict = type(verdict)(True, f"resumed at step {first_step}, at or past the resume point's step "
+                                f"{state.resume_step} (read from the log when its save began)")
     expected, where = state.resume_step, state.resume_path
     if state.resume_path is None and state.resume_step is None and state.elsewhere_before is not None:
         where, expected, by = state.elsewhere_before  # saved before, nothing handed over: a fresh start loses it
         outside = where is None or not _inside(where, ctx.layout.ckpt_dir)
         verdict = audit_fresh_start(expected, where, by, str(ctx.layout.ckpt_dir), first_step, outside=outside)
+    extra = {} if confirmed else {"confirmed": False}
     ctx.emit(Ev.RESUMED, attempt=state.attempt, step=first_step, expected_step=expected, ok=verdict.ok,
-             reason=verdict.reason)
+             reason=verdict.reason, **extra)
     if verdict.ok:
         return
     ctx.emit(Ev.RESUME_MISMATCH, attempt=state.attempt, expected_step=expected, got_step=first_step,
-             resume_path=where, reason=verdict.reason)
+             resume_path=where, reason=verdict.reason, **extra)
     log.error("RESUME AUDIT FAILED: %s", verdict.reason)
-    if ctx.cfg.budget.on_resume_mismatch == "stop":
+    if ctx.cfg.budget.on_resume_mismatch == "stop" and confirmed:
         state.stopped_reason = f"resume audit failed: {verdict.reason}"
         state.stopped_by = "resume_audit"
         notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "resume audit failed", ctx.cfg.term_timeout),
                      ctx.clock.now())
+
+
+def show_saves_to_bars(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
+    """Saves that landed since the last look, with a step from their name or contents (not from
+    the log, which the bars would only echo), are evidence about bare progress bars."""
+    for save in state.saves[w.saves_seen:]:
+        if save.ok and save.step is not None and save.source == "watch":
+            for step in w.bars.saved(save.step):
+                observe_step(ctx, child, state, w, step, now, "regex")
+    w.saves_seen = len(state.saves)
 
 
 def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
@@ -271,6 +305,8 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
                 check_loss(ctx, child, state, w, f["step"], float(loss), msg.host)
         elif kind == "resumed" and valid_step(f.get("step")):
             state.reported_resume_step = f["step"]
+            if state.first_step is None:  # the child says where it starts: its first step
+                state.first_step = f["step"]
             if not state.resume_checked:
                 audit_resume(ctx, child, state, f["step"])
         elif kind == "save_begin":

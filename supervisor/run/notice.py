@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from typing import Any
 from ..events import Ev
 from ..failures import SlurmEvidence
 from ..preemption import GUESSED_DEADLINES, Notice, after_block, arbitrate, notice_for
+from ..private import GROUP_READ, write_atomic
 from ..slurm.stop_cause import StopCause, StopVerdict, stop_cause
 from ..states import FailureClass
 from .attempt import AttemptState
@@ -66,10 +66,8 @@ def write_stop_file(ctx: RunContext, state: AttemptState, reason: str, deadline:
     target = ctx.layout.paths.stop_file
     data = {"reason": reason, "deadline": deadline, "signal": state.notice.signal if state.notice else None,
             "ts": now, "attempt": state.attempt}
-    tmp = target.with_suffix(".tmp")
     try:
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, target)
+        write_atomic(target, json.dumps(data).encode(), GROUP_READ, durable=False)
     except OSError:
         pass
 

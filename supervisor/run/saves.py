@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoints import DirWatcher
-from ..checkpoints.naming import parse_name, step_from_name
+from ..checkpoints.naming import has_checkpoint_suffix, parse_name, step_from_name
+from ..checkpoints.stepsource import StepChoice, StepEvidence, choose_step, is_accelerate_state_dir, parse_step_rule
+from ..checkpoints.validate import fingerprint
 from ..events import Ev
 from ..preemption import InFlightSave
 from .attempt import AttemptState, SaveRecord
@@ -30,34 +32,69 @@ STALE_TEMP_S = 30.0
 _OUR_TEMP = re.compile(r"^\..+\.tmp-(?P<pid>[0-9]+)-[0-9a-f]{8}$")
 
 
-def embedded_step(path: str) -> int | None:
-    """The training step stored inside a checkpoint, read by the inert scan (None when unknown)."""
+def embedded_step(path: str, user_key: str | None = None) -> tuple[int | None, str | None]:
+    """The training step stored inside a checkpoint file and the key it was under, read by the
+    inert scan ((None, None) when unknown)."""
     try:
-        from ..checkpoints import embedded_step as read_step  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    try:
-        info = read_step(Path(path))
+        from ..checkpoints.stepinfo import embedded_step as read_step
+        info = read_step(Path(path), user_key)
     except Exception:
-        return None
-    step = getattr(info, "step", info)
-    return step if isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**53 else None
+        return None, None
+    step = getattr(info, "step", None)
+    if not (isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 2**53):
+        return None, None
+    return step, getattr(info, "key", None)
 
 
-def step_of_saved(path: str) -> int | None:
-    """The step of a completed save: from its name, else from inside the file."""
-    step = step_from_name(Path(path).name)
-    return step if step is not None else embedded_step(path)
+def step_of_saved(path: str, log_step: int | None = None, step_from: str | None = None) -> StepChoice:
+    """The step of a completed save and where it came from, by the precedence of
+    supervisor/checkpoints/stepsource.py: the user's rule, the name (unless it is a save index),
+    inside the file, the step the log reported when the save landed (``log_step``)."""
+    name = Path(path).name
+    info = parse_name(name)
+    rule = parse_step_rule(step_from)
+    is_index = info.index is not None and _accelerate_dir(path)
+    name_step = info.step if info.index is None or is_index else info.index
+    inside, key = (None, None) if os.path.isdir(path) else embedded_step(
+        path, rule.arg if rule is not None and rule.kind == "key" else None)
+    return choose_step(StepEvidence(name=name, name_step=info.index if is_index else name_step,
+                                    name_is_index=is_index, inside_step=inside, inside_key=key,
+                                    log_step=log_step), rule)
+
+
+def _accelerate_dir(path: str) -> bool:
+    try:
+        return os.path.isdir(path) and is_accelerate_state_dir(os.listdir(path))
+    except OSError:
+        return False
 
 
 def record_save(ctx: RunContext, state: AttemptState, step: Any, path: str, nbytes: Any, duration: Any,
-                ok: bool, source: str, now: float) -> None:
+                ok: bool, source: str, now: float, step_source: str | None = None) -> None:
     step_i = step if isinstance(step, int) and not isinstance(step, bool) else None
     state.saves.append(SaveRecord(step_i, path, nbytes if isinstance(nbytes, int) else None,
                                   float(duration) if isinstance(duration, (int, float)) else None, ok, source, now))
     state.in_flight = None
+    if step_source is None and step_i is not None:
+        step_source = source  # the client said it
+    mark = fingerprint(path) if ok else None  # size and mtime now: the file is this run's own (provenance)
     ctx.emit(Ev.SAVE_END, attempt=state.attempt, step=step_i, path=path, bytes=nbytes, duration=duration, ok=ok,
-             source=source)
+             source=source, step_source=step_source, size=mark[0] if mark else None,
+             mtime=mark[1] if mark else None)
+
+
+def own_saves(events: list[Any]) -> dict[str, tuple[int, float]]:
+    """Path -> (size, mtime) of every checkpoint this run's child wrote, from the ``save_end``
+    events (the newest per path): a file that still matches is the user's own, trusted by
+    provenance whatever globals it names."""
+    out: dict[str, tuple[int, float]] = {}
+    for e in events:
+        size, mtime, path = e.get("size"), e.get("mtime"), e.get("path")
+        if (e.event != Ev.SAVE_END.value or not e.get("ok") or not isinstance(path, str)
+                or type(size) is not int or not isinstance(mtime, (int, float)) or isinstance(mtime, bool)):
+            continue
+        out[os.path.abspath(path)] = (size, float(mtime))
+    return out
 
 
 def client_owns_saves(state: AttemptState) -> bool:
@@ -73,12 +110,20 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
         return
     if client_owns_saves(state):
         return
+    step_from = _step_rule_text(ctx)
     for done in activity.completed:
-        record_save(ctx, state, step_of_saved(str(done.path)), str(done.path), done.bytes, done.duration, True,
-                    "watch", now)
+        # The output's step when the save began (the training waits for a save; by the time the
+        # watch sees it complete it may have moved on): the last source of a step.
+        began = state.in_flight
+        log_step = began.step if began is not None and began.path == str(done.path) and began.step is not None \
+            else state.last_step
+        found = step_of_saved(str(done.path), log_step, step_from)
+        record_save(ctx, state, found.step, str(done.path), done.bytes, done.duration, True, "watch", now,
+                    step_source=found.source)
     if activity.in_flight and state.in_flight is None and not state.aborted_save:
-        state.in_flight = InFlightSave(path=str(activity.path), step=None, started_at=activity.since or now,
-                                       bytes_so_far=activity.bytes, source="watch")
+        state.in_flight = InFlightSave(path=str(activity.path), step=state.last_step,
+                                       started_at=activity.since or now, bytes_so_far=activity.bytes,
+                                       source="watch")
         ctx.emit(Ev.SAVE_BEGIN, attempt=state.attempt, path=str(activity.path), source="watch")
     elif activity.in_flight and state.in_flight is not None:
         state.in_flight = InFlightSave(path=state.in_flight.path, step=state.in_flight.step,
@@ -103,17 +148,19 @@ def final_rescan(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now:
         entries = list(os.scandir(ctx.layout.ckpt_dir))
     except OSError:
         return
-    found: list[tuple[int, str, int]] = []
+    found: list[tuple[int, str, int, str | None]] = []
     recorded = {(s.path, s.step) for s in state.saves}
+    step_from = _step_rule_text(ctx)
     for entry in entries:
         if entry.name.startswith((".", "CORRUPT_")):
             continue
         named = step_from_name(entry.name)
         if named is not None and entry.path in {s.path for s in state.saves}:
             continue
-        if named is None and not parse_name(entry.name).is_last:
+        if named is None and not parse_name(entry.name).is_last and not has_checkpoint_suffix(entry.name):
             continue
-        step = named if named is not None else embedded_step(entry.path)
+        choice = step_of_saved(entry.path, None, step_from)
+        step = choice.step
         if step is None or (durable is not None and step <= durable) or (entry.path, step) in recorded:
             continue
         if named is not None and state.in_flight is not None and state.in_flight.path == entry.path:
@@ -122,9 +169,30 @@ def final_rescan(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now:
             size = entry.stat(follow_symlinks=False).st_size
         except OSError:
             continue
-        found.append((step, entry.path, size))
-    for step, path, size in sorted(found):
-        record_save(ctx, state, step, path, size, None, True, "rescan", now)
+        found.append((step, entry.path, size, choice.source))
+    for step, path, size, source in sorted(found, key=lambda item: item[:3]):
+        record_save(ctx, state, step, path, size, None, True, "rescan", now, step_source=source)
+
+
+def _step_rule_text(ctx: RunContext) -> str | None:
+    checkpoint = getattr(ctx.cfg, "checkpoint", None)
+    return getattr(checkpoint, "step_from", None)
+
+
+def recorded_steps(events: Any) -> dict[str, Any]:
+    """path -> RecordedStep: the step of the last completed save of each path the event log
+    records, and its size then (what the resume-point chooser may use when nothing better says)."""
+    from ..checkpoints.scan import RecordedStep
+
+    out: dict[str, Any] = {}
+    for e in events:
+        step = e.get("step")
+        if e.event != Ev.SAVE_END.value or not e.get("ok") or not isinstance(step, int) or isinstance(step, bool):
+            continue
+        nbytes = e.get("bytes")
+        out[str(e.get("path"))] = RecordedStep(step, nbytes if isinstance(nbytes, int) and
+                                               not isinstance(nbytes, bool) else None)
+    return out
 
 
 def remove_stale_temp_files(ctx: RunContext, attempt_no: int, now: float) -> None:

@@ -20,7 +20,7 @@ from ..events import Ev
 from ..checkpoints.staging import remove_stale_staging
 from .attempt import AttemptState
 from .context import RunContext
-from .saves import remove_stale_temp_files
+from .saves import own_saves, recorded_steps, remove_stale_temp_files
 
 log = logging.getLogger("supervisor.run")
 
@@ -36,9 +36,12 @@ def start_state(ctx: RunContext, attempt_no: int) -> AttemptState:
                      staging=[d.to_event() for d in settled])
     kwargs: dict[str, Any] = dict(quarantine=ctx.cfg.quarantine, quarantine_tag=quarantine_tag(ctx.environ),
                                   deep_confirm=ctx.cfg.verify_resume_deep)
+    events = ctx.read_events()
     result = find_resume_point(ctx.layout.ckpt_dir, writers_alive=False,
-                               extra_safe_globals=tuple(getattr(ctx.cfg, "checkpoint_safe_globals", ()) or ()),
-                               **kwargs)
+                               extra_safe_globals=ctx.cfg.checkpoint.safe_globals,
+                               require_trusted=ctx.cfg.checkpoint.require_trusted,
+                               step_from=ctx.cfg.checkpoint.step_from,
+                               own=own_saves(events), recorded_steps=recorded_steps(events), **kwargs)
     for q in result.quarantined:
         ctx.emit(Ev.QUARANTINE, attempt=attempt_no, **q.to_event())
         if q.ok:
@@ -47,10 +50,11 @@ def start_state(ctx: RunContext, attempt_no: int) -> AttemptState:
             log.error("could not quarantine %s: %s", q.path, q.error)
     ctx.emit(Ev.RESUME_POINT, attempt=attempt_no, **result.event_fields())
     if result.path:
-        log.info("resume point: %s (step %s)", result.path, result.step)
+        log.info("resume point: %s (step %s; %s)", result.path, result.step, result.trust)
     warn_single_copy(ctx, attempt_no, result)
     state = AttemptState(attempt=attempt_no, started_at=now, resume_path=result.path, resume_step=result.step)
     state.checkpoint_dir_error = getattr(result, "error", None)
+    state.resume_step_source = getattr(getattr(result, "chosen", None), "step_source", None)
     return state
 
 

@@ -1,8 +1,7 @@
 """A nanoGPT-style training, unchanged in spirit: one checkpoint ``<out_dir>/ckpt.pt`` rewritten in
 place, the step under ``iter_num``, resumed with ``--init_from=resume`` (the script knows where its
 checkpoint is; it takes no path). ``CRASH_AT="1:25,2:37"`` dereferences NULL (a real SIGSEGV) after
-that iteration in that attempt (``SUPERVISOR_ATTEMPT``). ``SAVE_STEP_KEY=1`` also saves the step under
-``step``."""
+that iteration in that attempt (``SUPERVISOR_ATTEMPT``)."""
 
 import ctypes
 import os
@@ -32,8 +31,6 @@ while iter_num < cfg["max_iters"]:
     if iter_num % cfg["eval_interval"] == 0 and iter_num > 0:
         checkpoint = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "iter_num": iter_num,
                       "config": dict(cfg)}
-        if os.environ.get("SAVE_STEP_KEY"):  # also under "step", for a supervisor that reads no iter_num
-            checkpoint["step"] = iter_num
         print(f"saving checkpoint to {cfg['out_dir']}", flush=True)
         torch.save(checkpoint, os.path.join(cfg["out_dir"], "ckpt.pt"))
     loss = model(torch.randn(8, 4)).pow(2).mean()

@@ -1,0 +1,164 @@
+"""Where a checkpoint's step comes from (issue 21): the precedence on plain data, then real
+``torch.save`` files in the layouts people use (nanoGPT's in-place ``ckpt.pt`` with ``iter_num``,
+a Lightning-like dict, an HF ``checkpoint-N/`` with ``trainer_state.json``, Accelerate's
+``checkpoint_<i>/``), as ``validate``, the resume-point chooser and the save watcher see them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from supervisor.checkpoints.resume import choose_resume_point
+from supervisor.checkpoints.scan import RecordedStep, find_resume_point
+from supervisor.checkpoints.stepsource import StepEvidence, choose_step, parse_step_rule
+from supervisor.checkpoints.validate import validate
+from supervisor.run.saves import step_of_saved
+
+from ckpt_factory import lightning_checkpoint, make_hf_checkpoint, model_state, save_safetensors
+
+# ---------------------------------------------------------------------------- precedence, plain data
+
+
+def test_the_name_beats_inside_and_the_log_and_says_who_disagreed() -> None:
+    choice = choose_step(StepEvidence("step=900.ckpt", name_step=900, inside_step=1200, inside_key="global_step",
+                                      log_step=950))
+    assert (choice.step, choice.source) == (900, "name")
+    assert "1200 from key global_step" in choice.reason and "950 from log" in choice.reason
+
+
+def test_inside_beats_the_log_and_the_log_is_the_last_resort() -> None:
+    inside = choose_step(StepEvidence("ckpt.pt", inside_step=240, inside_key="iter_num", log_step=250))
+    assert (inside.step, inside.source, inside.described) == (240, "key iter_num", "240 (key iter_num)")
+    assert choose_step(StepEvidence("model.pt", log_step=250)).source == "log"
+
+
+def test_a_save_index_is_never_a_step() -> None:
+    alone = choose_step(StepEvidence("checkpoint_3", name_step=3, name_is_index=True))
+    assert (alone.step, alone.index, alone.described) == (None, 3, "- (save index 3)")
+    logged = choose_step(StepEvidence("checkpoint_3", name_step=3, name_is_index=True, log_step=40))
+    assert (logged.step, logged.source, logged.index) == (40, "log", 3)
+
+
+@pytest.mark.parametrize(("rule", "expected"), [
+    ("name:run-([0-9]+)-", (77, "rule name:run-([0-9]+)-")),
+    ("key:iter_num", (240, "rule key:iter_num")),
+    ("log", (250, "rule log")),
+])
+def test_the_user_rule_wins_when_it_yields_a_step(rule: str, expected: tuple[int, str]) -> None:
+    evidence = StepEvidence("run-77-step=900.ckpt", name_step=900, inside_step=240, inside_key="iter_num",
+                            log_step=250)
+    choice = choose_step(evidence, parse_step_rule(rule))
+    assert (choice.step, choice.source) == expected
+
+
+def test_a_rule_that_yields_nothing_falls_back_to_the_precedence() -> None:
+    choice = choose_step(StepEvidence("step=900.ckpt", name_step=900), parse_step_rule("key:iter_num"))
+    assert (choice.step, choice.source) == (900, "name")
+
+
+# ---------------------------------------------------------------------------- real files
+
+
+def nanogpt_ckpt(path: Path, iter_num: int) -> Path:
+    """nanoGPT's train.py: one ckpt.pt rewritten in place, the step under iter_num."""
+    torch.save({"model": model_state(iter_num), "optimizer": {"state": {}, "param_groups": []},
+                "model_args": {"n_layer": 2, "n_head": 2}, "iter_num": iter_num, "best_val_loss": 1.5,
+                "config": {"max_iters": 5000, "eval_interval": 250}}, path)
+    return path
+
+
+def accelerate_dir(root: Path, index: int) -> Path:
+    """Accelerate save_state() with automatic_checkpoint_naming: checkpoints/checkpoint_<i>/ holding
+    model.safetensors, optimizer.bin and random_states_0.pkl (whose "step" counts accumulation)."""
+    d = root / f"checkpoint_{index}"
+    d.mkdir(parents=True)
+    save_safetensors(d / "model.safetensors", model_state(index), {"format": "pt"})
+    torch.save({"state": {}, "param_groups": [{"lr": 1e-3, "params": [0]}]}, d / "optimizer.bin")
+    torch.save({"step": 0, "random_state": 7, "torch_manual_seed": torch.zeros(4, dtype=torch.uint8)},
+               d / "random_states_0.pkl")
+    return d
+
+
+def test_nanogpt_in_place_ckpt_has_its_step_under_iter_num(tmp_path: Path) -> None:
+    report = validate(nanogpt_ckpt(tmp_path / "ckpt.pt", 240))
+    assert (report.step, report.step_source, report.step_described) == (240, "key iter_num", "240 (key iter_num)")
+    result = find_resume_point(tmp_path, writers_alive=False)
+    assert (result.path, result.step) == (str(tmp_path / "ckpt.pt"), 240)
+    assert result.event_fields()["step_source"] == "key iter_num"
+
+
+def test_lightning_dict_and_hf_dir_say_where_their_step_is(tmp_path: Path) -> None:
+    torch.save(lightning_checkpoint(300), tmp_path / "last.ckpt")
+    assert (validate(tmp_path / "last.ckpt").step, validate(tmp_path / "last.ckpt").step_source) == \
+        (300, "key global_step")
+    hf = make_hf_checkpoint(tmp_path / "hf", 30)
+    (hf / "trainer_state.json").write_text(json.dumps({"global_step": 30, "epoch": 1.0}))
+    report = validate(hf)
+    assert (report.step, report.step_source) == (30, "name")  # checkpoint-30: the name, trainer_state agrees
+    renamed = hf.rename(tmp_path / "hf" / "best")
+    assert (validate(renamed).step, validate(renamed).step_source) == (30, "trainer_state.json")
+
+
+def test_accelerate_index_dirs_are_ranked_by_save_order_never_read_as_steps(tmp_path: Path) -> None:
+    for i in range(3):
+        accelerate_dir(tmp_path, i)
+    report = validate(tmp_path / "checkpoint_1")
+    assert (report.step, report.index, report.step_described) == (None, 1, "- (save index 1)")
+    result = find_resume_point(tmp_path, writers_alive=False)
+    assert (Path(result.path).name, result.step) == ("checkpoint_2", None)
+    # the log knew the step when each save landed: then that is the step, and it ranks
+    logged = {str(tmp_path / f"checkpoint_{i}"): RecordedStep(20 * (i + 1)) for i in range(3)}
+    result = find_resume_point(tmp_path, writers_alive=False, recorded_steps=logged)
+    assert (Path(result.path).name, result.step, result.event_fields()["step_source"]) == ("checkpoint_2", 60, "log")
+
+
+def test_a_checkpoint_N_that_accelerate_did_not_write_keeps_N_as_its_step(tmp_path: Path) -> None:
+    torch.save(lightning_checkpoint(500), tmp_path / "checkpoint_500")
+    assert validate(tmp_path / "checkpoint_500").step == 500
+
+
+def test_a_log_step_for_a_file_rewritten_since_is_not_used(tmp_path: Path) -> None:
+    path = tmp_path / "model.pt"
+    torch.save({"weights": model_state(1)}, path)
+    stale = {str(path): RecordedStep(90, bytes=path.stat().st_size + 1)}
+    assert find_resume_point(tmp_path, writers_alive=False, recorded_steps=stale).step is None
+    fresh = {str(path): RecordedStep(90, bytes=path.stat().st_size)}
+    result = find_resume_point(tmp_path, writers_alive=False, recorded_steps=fresh)
+    assert (result.step, result.event_fields()["step_source"]) == (90, "log")
+
+
+def test_the_user_key_rule_reads_a_key_nobody_else_uses(tmp_path: Path) -> None:
+    path = tmp_path / "state.pt"
+    torch.save({"model": model_state(2), "trained_batches": 4321}, path)
+    assert validate(path).step is None
+    report = validate(path, step_from="key:trained_batches")
+    assert (report.step, report.step_source) == (4321, "rule key:trained_batches")
+
+
+def test_the_save_watcher_records_the_step_and_its_source(tmp_path: Path) -> None:
+    nanogpt_ckpt(tmp_path / "ckpt.pt", 240)
+    assert (step_of_saved(str(tmp_path / "ckpt.pt"), log_step=250).described) == "240 (key iter_num)"
+    d = accelerate_dir(tmp_path, 4)
+    assert step_of_saved(str(d), log_step=40).described == "40 (log)"
+    assert step_of_saved(str(d)).described == "- (save index 4)"
+    assert step_of_saved(str(make_hf_checkpoint(tmp_path, 30))).described == "30 (name)"
+
+
+def test_chooser_prefers_any_known_step_over_an_index(tmp_path: Path) -> None:
+    reports = [validate(accelerate_dir(tmp_path, 9)), validate(nanogpt_ckpt(tmp_path / "ckpt.pt", 5))]
+    decision = choose_resume_point(reports)
+    assert (Path(decision.path).name, decision.step) == ("ckpt.pt", 5)
+
+
+def test_the_watch_sees_an_accelerate_save_land(tmp_path: Path) -> None:
+    from supervisor.checkpoints.watch import DirWatcher
+
+    watcher = DirWatcher(str(tmp_path))
+    watcher.poll(0.0)
+    accelerate_dir(tmp_path, 0)
+    watcher.poll(1.0)
+    done = watcher.poll(2.0).completed
+    assert [Path(c.path).name for c in done] == ["checkpoint_0"]
