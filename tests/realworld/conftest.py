@@ -1,0 +1,60 @@
+"""Data and tiny models for the real-world suite, made here on every run: nothing is downloaded
+(no hub, no data set), so the suite runs offline."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stacks import CHILD_ENV
+
+HERE = Path(__file__).resolve().parent
+
+def make_nanogpt_data(workdir: Path) -> None:
+    """data/tiny/{train,val}.bin: uint16 tokens, as nanoGPT's prepare scripts write them."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, 8000).astype(np.uint16)
+    (workdir / "data" / "tiny").mkdir(parents=True)
+    tokens.tofile(workdir / "data" / "tiny" / "train.bin")
+    tokens[:2000].tofile(workdir / "data" / "tiny" / "val.bin")
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with ``model/`` (a 1-layer GPT-2 with random weights and a word-level tokenizer)
+    and ``data/train.jsonl``, made in a subprocess (transformers stays out of the test process)."""
+    root = tmp_path_factory.mktemp("tiny_hf")
+    res = subprocess.run([sys.executable, str(HERE / "make_tiny_hf.py"), str(root / "model"), str(root / "data")],
+                         capture_output=True, text=True, timeout=300, env={**CHILD_ENV, **_base_env()})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root
+
+
+def _base_env() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SUPERVISE_", "SUPERVISOR_"))}
+
+
+@pytest.fixture
+def make_workdir(tmp_path: Path, request: pytest.FixtureRequest):
+    """``make_workdir(stack_key, base=None)``: a fresh working directory holding the stack's data."""
+
+    def make(key: str, base: Path | None = None) -> Path:
+        workdir = (base or tmp_path) / f"work-{key}"
+        workdir.mkdir(parents=True)
+        if key == "nanogpt":
+            make_nanogpt_data(workdir)
+        elif key == "hf_trainer":
+            hf = request.getfixturevalue("tiny_hf")
+            shutil.copytree(hf / "model", workdir / "model")
+            shutil.copytree(hf / "data", workdir / "data")
+        return workdir
+
+    return make

@@ -1,0 +1,201 @@
+"""The real-world suite's table: for each training stack, the command that runs its script, the
+``supervise run`` flags it needs (docs/realworld.md shows the same table), its save interval, and how
+to read the child's OWN output: the steps it reports, the saves it says it finished, the step it
+says it resumed from. The tests judge the supervisor against those, never against the supervisor's
+own opinion of the run.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+PY = sys.executable
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+# Every child of the suite: one thread (a tiny model on a shared 2-core machine is many times
+# slower with several), and the HF libraries told they are offline.
+CHILD_ENV = {
+    "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1", "DISABLE_MLFLOW_INTEGRATION": "TRUE", "WANDB_DISABLED": "true",
+}
+
+
+def segments(text: str) -> list[str]:
+    """The child's output as lines, with every ``\\r`` redraw of a progress bar its own line."""
+    return [seg for line in text.splitlines() for seg in line.split("\r") if seg.strip()]
+
+
+@dataclass(frozen=True)
+class ChildLog:
+    """What a stack's child prints: ``progress`` gives the global step a line reports (or None),
+    ``saved`` the step of a save the line announces, ``resumed`` the step the child says it resumed at."""
+
+    progress: Callable[[str], int | None]
+    saved: Callable[[str], int | None]
+    resumed: Callable[[str], int | None]
+    save_announced_before_write: bool = False  # the save line comes before the file is written
+    resume_marker: str | None = None  # a line saying "resuming" without the step: the next step is it
+
+    def steps(self, text: str) -> list[int]:
+        return [s for s in map(self.progress, segments(text)) if s is not None]
+
+    def completed_saves(self, text: str) -> list[int]:
+        """Saves the child finished: announced after the write, or followed by a later step."""
+        done, pending = [], None
+        for line in segments(text):
+            saved = self.saved(line)
+            if saved is not None:
+                if self.save_announced_before_write:
+                    pending = saved
+                else:
+                    done.append(saved)
+                continue
+            step = self.progress(line)
+            if pending is not None and step is not None and step >= pending:
+                done.append(pending)
+                pending = None
+        return done
+
+    def resumed_at(self, text: str) -> int | None:
+        marked = False
+        for line in segments(text):
+            step = self.resumed(line)
+            if step is not None:
+                return step
+            if self.resume_marker is not None and self.resume_marker in line:
+                marked = True
+            elif marked and self.progress(line) is not None:
+                return self.progress(line)
+        return None
+
+
+def _group(pattern: str) -> Callable[[str], int | None]:
+    rx = re.compile(pattern)
+
+    def read(line: str) -> int | None:
+        found = rx.search(line)
+        return int(found.group(1)) if found else None
+    return read
+
+
+def _nanogpt_saved() -> Callable[[str], int | None]:
+    """nanoGPT prints "step N: train loss ..." then "saving checkpoint to out": the save is of step N."""
+    last_eval: list[int | None] = [None]
+    eval_rx, save_rx = re.compile(r"^step (\d+): train loss"), re.compile(r"^saving checkpoint to ")
+
+    def read(line: str) -> int | None:
+        found = eval_rx.search(line)
+        if found:
+            last_eval[0] = int(found.group(1))
+            return None
+        return last_eval[0] if save_rx.search(line) else None
+    return read
+
+
+def _lightning_step(line: str) -> int | None:
+    """TQDMProgressBar: "Epoch E:  40%|...| b/N [...]" is global step E*N + b."""
+    found = re.search(r"Epoch (\d+):\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)\s*\[", line)
+    return int(found.group(1)) * int(found.group(3)) + int(found.group(2)) if found else None
+
+
+@dataclass(frozen=True)
+class Stack:
+    key: str
+    stack: str
+    script: str  # what the script is, for the docs table
+    save_interval: int  # steps between saves: the most a crash may cost
+    max_steps: int
+    checkpoint_dir: str  # relative to the working directory
+    resume_arg: str  # the --resume-arg the docs table gives
+    path_is: str  # what {path} is for this stack
+    command: Callable[[Path], list[str]]  # working directory -> argv
+    log: ChildLog
+    needs: tuple[str, ...] = ()  # modules that must import
+
+    def supervise_flags(self, workdir: Path) -> list[str]:
+        return ["--checkpoint-dir", str(workdir / self.checkpoint_dir), f"--resume-arg={self.resume_arg}"]
+
+
+# The public script the HF Trainer stack runs, as the pinned trl ships it (SOURCES.md).
+TRL_SFT_SHA256 = "310f4eb5f750a8f2f1ca9ef86235455a6d1d262d1c4cf6c8261ad95090a209dc"
+TRL_PIN = "trl==1.16.0"
+
+
+def trl_sft_script() -> str:
+    """The installed trl's sft.py, checked byte for byte against the pinned one."""
+    import hashlib
+    import importlib.util
+
+    spec = importlib.util.find_spec("trl.scripts.sft")
+    assert spec is not None and spec.origin, f"trl is not installed: pip install '{TRL_PIN}'"
+    digest = hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
+    assert digest == TRL_SFT_SHA256, (f"{spec.origin} is not the pinned script (sha256 {digest}): "
+                                      f"pip install '{TRL_PIN}'")
+    return spec.origin
+
+
+STACKS: tuple[Stack, ...] = (
+    Stack(
+        key="nanogpt", stack="plain PyTorch, nanoGPT conventions",
+        script="tests/realworld/scripts/nanogpt_style.py: one in-place out/ckpt.pt, step under iter_num",
+        save_interval=20, max_steps=200, checkpoint_dir="out", resume_arg="--init_from=resume",
+        path_is="not used: the script resumes from its own out/ckpt.pt",
+        command=lambda w: [PY, str(SCRIPTS / "nanogpt_style.py"), "--eval_interval=20", "--max_iters=200"],
+        log=ChildLog(progress=_group(r"^iter (\d+): loss"), saved=_nanogpt_saved(),
+                     resumed=lambda line: None, save_announced_before_write=True,
+                     resume_marker="Resuming training from out"),
+    ),
+    Stack(
+        key="hf_trainer", stack="HF Trainer",
+        script="trl/scripts/sft.py of the installed trl (a public script, unchanged): checkpoint-N/ dirs",
+        save_interval=20, max_steps=120, checkpoint_dir="out", resume_arg="--resume_from_checkpoint {path}",
+        path_is="the checkpoint-N directory",
+        command=lambda w: [PY, trl_sft_script(), "--model_name_or_path", "model", "--dataset_name", "data",
+                           "--output_dir", "out", "--max_steps", "120", "--save_steps", "20", "--logging_steps", "1",
+                           "--per_device_train_batch_size", "4", "--max_length", "32", "--report_to", "none",
+                           "--log_level", "info", "--save_total_limit", "3", "--use_cpu", "--bf16", "false"],
+        log=ChildLog(progress=_group(r"\|\s*(\d+)/\d+ \["),
+                     saved=_group(r"Saving model checkpoint to \S*checkpoint-(\d+)$"),
+                     resumed=_group(r"Resuming training from checkpoint with epoch \d+ and global step (\d+)"),
+                     save_announced_before_write=True),
+        needs=("trl", "datasets"),
+    ),
+    Stack(
+        key="accelerate", stack="Accelerate",
+        script="tests/realworld/scripts/accelerate_style.py: save_state, automatic naming checkpoints/checkpoint_<i>",
+        save_interval=20, max_steps=200, checkpoint_dir="out/checkpoints",
+        resume_arg="--resume_from_checkpoint {path}", path_is="the checkpoint_<i> directory",
+        command=lambda w: [PY, str(SCRIPTS / "accelerate_style.py"), "--checkpointing_steps", "20",
+                           "--max_train_steps", "200"],
+        log=ChildLog(progress=_group(r"^step (\d+): loss"), saved=_group(r"^saved state of step (\d+)"),
+                     resumed=_group(r"^Resumed from checkpoint: \S+ at step (\d+)")),
+        needs=("accelerate",),
+    ),
+    Stack(
+        key="lightning", stack="Lightning",
+        script="tests/realworld/scripts/lightning_style.py: every_n_train_steps, epoch=E-step=S.ckpt + last.ckpt",
+        save_interval=20, max_steps=200, checkpoint_dir="out/checkpoints", resume_arg="--ckpt_path {path}",
+        path_is="the .ckpt file",
+        command=lambda w: [PY, str(SCRIPTS / "lightning_style.py"), "--max_steps", "200",
+                           "--every_n_train_steps", "20"],
+        log=ChildLog(progress=_lightning_step, saved=_group(r"global step (\d+): .*saving model to"),
+                     resumed=_group(r"Restoring states from the checkpoint path at \S*step=(\d+)\.ckpt")),
+        needs=("lightning",),
+    ),
+    Stack(
+        key="deepspeed", stack="DeepSpeed (ZeRO 1, `torchrun`)",
+        script="tests/realworld/scripts/deepspeed_style.py: save_checkpoint, global_stepN/ + latest",
+        save_interval=20, max_steps=200, checkpoint_dir="out/checkpoints", resume_arg="--load {path}",
+        path_is="the global_stepN directory",
+        command=lambda w: [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                           str(SCRIPTS / "deepspeed_style.py"), "--save_interval", "20", "--train_iters", "200"],
+        log=ChildLog(progress=_group(r"^iteration (\d+)/"), saved=_group(r"^saved checkpoint at iteration (\d+)"),
+                     resumed=_group(r"^resumed from \S+ at iteration (\d+)")),
+        needs=("deepspeed",),
+    ),
+)

@@ -1,0 +1,207 @@
+"""The real-world suite (issue 21, item 7): everyday training stacks, each script run unchanged under
+``supervise run`` with the flags of docs/realworld.md, each broken from outside after it saved:
+
+* a SIGSEGV sent to the training process at a step between two saves, after the first save the
+  supervisor saw (placed from the event log and the child's own output, never by timing);
+* a preemption on the test Slurm cluster (partition ``extra`` preempted by ``own``).
+
+Each must finish (exit 0), resume from its own newest finished checkpoint (read from the child's own
+output: the step it says it resumed at), quarantine nothing, and be accounted at most one save
+interval of lost steps (``supervise report --json``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stacks import CHILD_ENV, STACKS, Stack
+from helpers import REPO, SUPERVISE, events_named, run_supervise, supervise_env
+
+pytest.importorskip("torch")
+
+CRASH_TIMEOUT_S = 420  # two launches of a stack on a loaded 2-core machine
+
+
+def require(stack: Stack) -> None:
+    for module in stack.needs:
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{stack.key}: {module} is not installed (pip install -e '.[test]')")
+
+
+def attempt_log(run_dir: Path, attempt: int) -> str:
+    try:
+        return (run_dir / "supervisor" / f"attempt-{attempt}.log").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def events(run_dir: Path, name: str) -> list[dict]:
+    try:
+        return events_named(run_dir, name)
+    except OSError:
+        return []
+
+
+def between_saves(stack: Stack, run_dir: Path) -> int | None:
+    """The step attempt 1 reached when it is a good moment to break it: the supervisor has logged a
+    finished save, the child has reported a step after its first finished save, and that step lies
+    a few steps past a save and well before the next (so no save is in flight). None: not yet."""
+    if not any(e.get("attempt") == 1 and e.get("ok") for e in events(run_dir, "save_end")):
+        return None
+    text = attempt_log(run_dir, 1)
+    saves, steps = stack.log.completed_saves(text), stack.log.steps(text)
+    if not saves or not steps or steps[-1] <= saves[0]:
+        return None
+    offset = steps[-1] % stack.save_interval
+    return steps[-1] if 2 <= offset <= stack.save_interval // 2 else None
+
+
+def wait_between_saves(stack: Stack, run_dir: Path, alive, timeout: float) -> int:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if not alive():
+            raise AssertionError(f"{stack.key}: the run ended before the fault could be placed:\n"
+                                 f"{attempt_log(run_dir, 1)[-3000:]}")
+        step = between_saves(stack, run_dir)
+        if step is not None:
+            return step
+        time.sleep(0.02)
+    raise AssertionError(f"{stack.key}: no step between two saves within {timeout:.0f}s:\n"
+                         f"{attempt_log(run_dir, 1)[-3000:]}")
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            children = Path(f"/proc/{current}/task/{current}/children").read_text().split()
+        except OSError:
+            continue
+        out += map(int, children)
+        todo += map(int, children)
+    return out
+
+
+def cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def training_pid(run_dir: Path, stack: Stack) -> int:
+    """The process that trains: the child itself, or its worker under a launcher (torchrun)."""
+    child = [e for e in events(run_dir, "attempt_start") if e.get("attempt") == 1][0]["pid"]
+    if b"torch.distributed.run" not in cmdline(child):
+        return child
+    script = next(Path(a).name for a in stack.command(run_dir) if a.endswith(".py")).encode()
+    for _ in range(200):  # the launcher starts its worker a moment after it starts
+        workers = [pid for pid in descendants(child) if any(arg.endswith(script) for arg in cmdline(pid))]
+        if workers:
+            return workers[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no worker running {script!r} under the launcher {child}")
+
+
+def check_outcome(stack: Stack, run_dir: Path, rc: int, output: str) -> dict:
+    """What every stack must show after one fault: see the module docstring."""
+    report_res = run_supervise(["report", "--json", str(run_dir)])
+    report = json.loads(report_res.stdout)
+    context = f"\n--- supervise output ---\n{output[-4000:]}\n--- report verdict ---\n{report.get('verdict')}"
+    assert rc == 0, f"{stack.key}: supervise exited {rc}{context}"
+    attempts = report["attempts"]
+    assert len(attempts) == 2, f"{stack.key}: {len(attempts)} attempts{context}"
+    first, second = attempt_log(run_dir, 1), attempt_log(run_dir, 2)
+    saved = stack.log.completed_saves(first)
+    assert saved, f"{stack.key}: attempt 1 finished no save:\n{first[-2000:]}"
+    resumed = stack.log.resumed_at(second)
+    assert resumed == max(saved), (f"{stack.key}: the child resumed at {resumed}, its newest finished save "
+                                   f"was step {max(saved)}:\n{second[:3000]}{context}")
+    assert max(stack.log.steps(second)) == stack.max_steps, f"{stack.key}: did not finish:\n{second[-2000:]}"
+    assert report["quarantined"] == [], f"{stack.key}: quarantined {report['quarantined']}{context}"
+    lost, last = attempts[0]["steps_lost"], max(stack.log.steps(first))
+    # Never fewer than the child really lost (its last step minus where it resumed), never more than
+    # one save interval.
+    assert lost is not None and last - resumed <= lost <= stack.save_interval, (
+        f"{stack.key}: attempt 1 accounted {lost} steps lost; the child reached step {last} and resumed at "
+        f"{resumed} ({last - resumed} lost; save interval {stack.save_interval}){context}")
+    assert report["run"]["steps_lost"] <= stack.save_interval, context
+    assert report["run"]["outcome"] == "complete" and report["verdict"]["ok"], context
+    return report
+
+
+def test_the_docs_table_gives_the_flags_the_suite_runs():
+    rows = [line for line in (REPO / "docs" / "realworld.md").read_text().splitlines() if line.startswith("| ")]
+    for stack in STACKS:
+        row = next((r for r in rows if r.startswith(f"| {stack.stack} |")), None)
+        assert row is not None, f"docs/realworld.md has no row for {stack.stack!r}"
+        assert f"--checkpoint-dir {stack.checkpoint_dir} " in row and stack.resume_arg in row, row
+        assert f"| {stack.save_interval} " in row, row
+
+
+@pytest.mark.parametrize("stack", STACKS, ids=[s.key for s in STACKS])
+def test_segfault_from_outside_between_saves_resumes_from_the_newest_save(stack: Stack, make_workdir, tmp_path):
+    require(stack)
+    workdir = make_workdir(stack.key)
+    run_dir = tmp_path / "run"
+    out_path = tmp_path / "supervise.out"
+    argv = [*SUPERVISE, "run", "--run-dir", str(run_dir), "--set", "policy.native_crash.backoff=0.1",
+            *stack.supervise_flags(workdir), "--", *stack.command(workdir)]
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(argv, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
+                                env=supervise_env(CHILD_ENV))
+        try:
+            step = wait_between_saves(stack, run_dir, lambda: proc.poll() is None, timeout=240)
+            os.kill(training_pid(run_dir, stack), signal.SIGSEGV)
+            rc = proc.wait(timeout=CRASH_TIMEOUT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    report = check_outcome(stack, run_dir, rc, out_path.read_text(errors="replace"))
+    assert report["attempts"][0]["class"] == "native_crash", report["attempts"][0]
+    assert max(stack.log.steps(attempt_log(run_dir, 1))) >= step
+
+
+# ---- preemption on the test cluster -------------------------------------------------------------
+CLUSTER_STACKS = [s for s in STACKS if s.key in ("nanogpt", "hf_trainer")]
+
+
+def victim_script(workdir: Path, run_dir: Path, stack: Stack) -> str:
+    exports = "".join(f"export {k}={v}\n" for k, v in CHILD_ENV.items())
+    flags = " ".join(f"'{f}'" for f in stack.supervise_flags(workdir))
+    command = " ".join(f"'{a}'" for a in stack.command(workdir))
+    return (f"#!/bin/bash\nexport PYTHONPATH={REPO}\nexport PYTHONUNBUFFERED=1\n{exports}cd {workdir}\n"
+            'echo "JOB RUN restart=${SLURM_RESTART_COUNT:-0}"\n'
+            f"srun -n1 --cpus-per-task=1 {sys.executable} -m supervisor run --run-dir {run_dir} "
+            f"--set preemption.margin=2 {flags} -- {command}\n"
+            'echo "SUPERVISE EXIT $?"\n')
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("stack", CLUSTER_STACKS, ids=[s.key for s in CLUSTER_STACKS])
+def test_preempted_on_the_cluster_between_saves_resumes_from_the_newest_save(stack: Stack, make_workdir,
+                                                                             slurm_cluster, slurm_job_dir):
+    require(stack)
+    workdir = make_workdir(stack.key, base=slurm_job_dir)
+    run_dir = slurm_job_dir / "run"
+    with slurm_cluster.grace(5):
+        job = slurm_cluster.sbatch(victim_script(workdir, run_dir, stack), "-p", "extra", "-N1", "--exclusive",
+                                   "-w", "n1", "--requeue", "--open-mode=append", "--time=8", "-J", "victim",
+                                   "-o", f"{slurm_job_dir}/victim-%j.out")
+        wait_between_saves(stack, run_dir, lambda: not events(run_dir, "run_end"), timeout=300)
+        slurm_cluster.preempt("n1")
+        final = slurm_cluster.wait_state(job, "COMPLETED", timeout=400, min_restarts=1)
+    assert final.restarts == 1
+    output = "".join(p.read_text(errors="replace") for p in slurm_job_dir.glob("victim-*.out"))
+    report = check_outcome(stack, run_dir, 0 if "SUPERVISE EXIT 0" in output else 1, output)
+    assert [e["cause"] for e in events(run_dir, "stop_cause")][:1] == ["preempted"], report["attempts"][0]
