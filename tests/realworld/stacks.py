@@ -159,7 +159,7 @@ STACKS: tuple[Stack, ...] = (
                            "--output_dir", "out", "--max_steps", "120", "--save_steps", "20", "--logging_steps", "1",
                            "--per_device_train_batch_size", "4", "--max_length", "32", "--report_to", "none",
                            "--log_level", "info", "--save_total_limit", "3", "--use_cpu", "--bf16", "false"],
-        log=ChildLog(progress=_group(r"\|\s*(\d+)/\d+ \["),
+        log=ChildLog(progress=_group(r"^\s*\d+%\|[^|]*\|\s*(\d+)/\d+ \["),  # the bar without a title
                      saved=_group(r"Saving model checkpoint to \S*checkpoint-(\d+)$"),
                      resumed=_group(r"Resuming training from checkpoint with epoch \d+ and global step (\d+)"),
                      save_announced_before_write=True),
@@ -185,6 +185,18 @@ STACKS: tuple[Stack, ...] = (
                            "--every_n_train_steps", "20"],
         log=ChildLog(progress=_lightning_step, saved=_group(r"global step (\d+): .*saving model to"),
                      resumed=_group(r"Restoring states from the checkpoint path at \S*step=(\d+)\.ckpt")),
+        needs=("lightning",),
+    ),
+    Stack(
+        key="fabric", stack="Lightning Fabric, litgpt conventions",
+        script="tests/realworld/scripts/fabric_style.py: fabric.save to out/pretrain/step-<8 digits>/lit_model.pth",
+        save_interval=20, max_steps=200, checkpoint_dir="out/pretrain", resume_arg="--resume {path}",
+        path_is="the lit_model.pth file",
+        command=lambda w: [PY, str(SCRIPTS / "fabric_style.py"), "--save_interval", "20", "--max_steps", "200"],
+        log=ChildLog(progress=_group(r"\| iter \d+ step (\d+) \|"),
+                     saved=_group(r"^Saving checkpoint to '\S*step-0*(\d+)/lit_model.pth'"),
+                     resumed=_group(r"^Resuming training from \S*step-0*(\d+)/lit_model.pth"),
+                     save_announced_before_write=True),
         needs=("lightning",),
     ),
     Stack(

@@ -106,7 +106,8 @@ def training_pid(run_dir: Path, stack: Stack) -> int:
         return child
     script = next(Path(a).name for a in stack.command(run_dir) if a.endswith(".py")).encode()
     for _ in range(200):  # the launcher starts its worker a moment after it starts
-        workers = [pid for pid in descendants(child) if any(arg.endswith(script) for arg in cmdline(pid))]
+        workers = [pid for pid in descendants(child)  # not the supervisor's own helpers (python -c ...)
+                   if any(arg.endswith(script) for arg in cmdline(pid)) and b"-c" not in cmdline(pid)[:3]]
         if workers:
             return workers[0]
         time.sleep(0.05)
@@ -162,7 +163,8 @@ def test_segfault_from_outside_between_saves_resumes_from_the_newest_save(stack:
                                 env=supervise_env(CHILD_ENV))
         try:
             step = wait_between_saves(stack, run_dir, lambda: proc.poll() is None, timeout=240)
-            os.kill(training_pid(run_dir, stack), signal.SIGSEGV)
+            victim = training_pid(run_dir, stack)
+            os.kill(victim, signal.SIGSEGV)
             rc = proc.wait(timeout=CRASH_TIMEOUT_S)
         finally:
             if proc.poll() is None:
