@@ -190,8 +190,8 @@ STACKS: tuple[Stack, ...] = (
     Stack(
         key="fabric", stack="Lightning Fabric, litgpt conventions",
         script="tests/realworld/scripts/fabric_style.py: fabric.save to out/pretrain/step-<8 digits>/lit_model.pth",
-        save_interval=20, max_steps=200, checkpoint_dir="out/pretrain", resume_arg="--resume {path}",
-        path_is="the lit_model.pth file",
+        save_interval=20, max_steps=200, checkpoint_dir="out/pretrain", resume_arg="--resume {path}/lit_model.pth",
+        path_is="the step-<8 digits> directory (the script takes the file in it)",
         command=lambda w: [PY, str(SCRIPTS / "fabric_style.py"), "--save_interval", "20", "--max_steps", "200"],
         log=ChildLog(progress=_group(r"\| iter \d+ step (\d+) \|"),
                      saved=_group(r"^Saving checkpoint to '\S*step-0*(\d+)/lit_model.pth'"),
