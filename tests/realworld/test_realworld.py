@@ -51,30 +51,44 @@ def events(run_dir: Path, name: str) -> list[dict]:
         return []
 
 
-def between_saves(stack: Stack, run_dir: Path) -> int | None:
-    """The step attempt 1 reached when it is a good moment to break it: the supervisor has logged a
-    finished save, the child has reported a step after its first finished save, and that step lies
-    a few steps past a save and well before the next (so no save is in flight). None: not yet."""
+def saved_once(stack: Stack, run_dir: Path) -> bool:
+    """The supervisor has logged a finished save of attempt 1 and the child has reported a step past
+    its own first finished save."""
     if not any(e.get("attempt") == 1 and e.get("ok") for e in events(run_dir, "save_end")):
-        return None
+        return False
     text = attempt_log(run_dir, 1)
     saves, steps = stack.log.completed_saves(text), stack.log.steps(text)
-    if not saves or not steps or steps[-1] <= saves[0]:
-        return None
-    offset = steps[-1] % stack.save_interval
-    return steps[-1] if 2 <= offset <= stack.save_interval // 2 else None
+    return bool(saves and steps and steps[-1] > saves[0])
 
 
-def wait_between_saves(stack: Stack, run_dir: Path, alive, timeout: float) -> int:
+def in_the_middle(stack: Stack, run_dir: Path) -> int | None:
+    """The child's last reported step when it lies past a save and well before the next one (no save
+    can be in flight), else None."""
+    steps = stack.log.steps(attempt_log(run_dir, 1))
+    if steps and 2 <= steps[-1] % stack.save_interval <= stack.save_interval - 3:
+        return steps[-1]
+    return None
+
+
+def freeze_between_saves(stack: Stack, run_dir: Path, alive, timeout: float) -> tuple[int, int]:
+    """Stop the training process (SIGSTOP) at a step between two saves, after its first save, and
+    return (pid, step). The decision is made on the stopped process, after the supervisor has copied
+    out everything it wrote, so how fast the steps run does not matter: a stop that lands near a
+    save is let go (SIGCONT) and tried again."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if not alive():
             raise AssertionError(f"{stack.key}: the run ended before the fault could be placed:\n"
                                  f"{attempt_log(run_dir, 1)[-3000:]}")
-        step = between_saves(stack, run_dir)
-        if step is not None:
-            return step
-        time.sleep(0.02)
+        if saved_once(stack, run_dir):
+            pid = training_pid(run_dir, stack)
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.5)  # the supervisor copies the child's last lines into attempt-1.log
+            step = in_the_middle(stack, run_dir)
+            if step is not None:
+                return pid, step
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.05)
     raise AssertionError(f"{stack.key}: no step between two saves within {timeout:.0f}s:\n"
                          f"{attempt_log(run_dir, 1)[-3000:]}")
 
@@ -162,20 +176,20 @@ def test_segfault_from_outside_between_saves_resumes_from_the_newest_save(stack:
         proc = subprocess.Popen(argv, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
                                 env=supervise_env(CHILD_ENV))
         try:
-            step = wait_between_saves(stack, run_dir, lambda: proc.poll() is None, timeout=240)
-            victim = training_pid(run_dir, stack)
-            os.kill(victim, signal.SIGSEGV)
+            victim, step = freeze_between_saves(stack, run_dir, lambda: proc.poll() is None, timeout=240)
+            os.kill(victim, signal.SIGSEGV)  # delivered as the process continues: it dies of it
+            os.kill(victim, signal.SIGCONT)
             rc = proc.wait(timeout=CRASH_TIMEOUT_S)
         finally:
             if proc.poll() is None:
                 proc.kill()
     report = check_outcome(stack, run_dir, rc, out_path.read_text(errors="replace"))
     assert report["attempts"][0]["class"] == "native_crash", report["attempts"][0]
-    assert max(stack.log.steps(attempt_log(run_dir, 1))) >= step
+    assert max(stack.log.steps(attempt_log(run_dir, 1))) == step  # it died where it was stopped
 
 
 # ---- preemption on the test cluster -------------------------------------------------------------
-CLUSTER_STACKS = [s for s in STACKS if s.key in ("nanogpt", "hf_trainer")]
+CLUSTER_STACKS = [s for s in STACKS if s.key in ("nanogpt", "hf_trainer")]  # the cost of CI: two stacks
 
 
 def victim_script(workdir: Path, run_dir: Path, stack: Stack) -> str:
@@ -200,7 +214,9 @@ def test_preempted_on_the_cluster_between_saves_resumes_from_the_newest_save(sta
         job = slurm_cluster.sbatch(victim_script(workdir, run_dir, stack), "-p", "extra", "-N1", "--exclusive",
                                    "-w", "n1", "--requeue", "--open-mode=append", "--time=8", "-J", "victim",
                                    "-o", f"{slurm_job_dir}/victim-%j.out")
-        wait_between_saves(stack, run_dir, lambda: not events(run_dir, "run_end"), timeout=300)
+        # The child stays stopped through the grace: the supervisor ends it (SIGKILL reaches a stopped
+        # process), so the step it reached is the one the test saw.
+        freeze_between_saves(stack, run_dir, lambda: not events(run_dir, "run_end"), timeout=300)
         slurm_cluster.preempt("n1")
         final = slurm_cluster.wait_state(job, "COMPLETED", timeout=400, min_restarts=1)
     assert final.restarts == 1
