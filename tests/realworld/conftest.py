@@ -31,7 +31,7 @@ def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     and ``data/train.jsonl``, made in a subprocess (transformers stays out of the test process)."""
     root = tmp_path_factory.mktemp("tiny_hf")
     res = subprocess.run([sys.executable, str(HERE / "make_tiny_hf.py"), str(root / "model"), str(root / "data")],
-                         capture_output=True, text=True, timeout=300, env={**CHILD_ENV, **_base_env()})
+                         capture_output=True, text=True, timeout=300, env={**_base_env(), **CHILD_ENV})
     assert res.returncode == 0, res.stderr[-3000:]
     return root
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from stacks import CHILD_ENV, STACKS, Stack
-from helpers import REPO, SUPERVISE, events_named, run_supervise, supervise_env
+from helpers import REPO, SUPERVISE, events_named, run_supervise, supervise_env, wait_for
 
 pytest.importorskip("torch")
 
@@ -52,13 +52,14 @@ def events(run_dir: Path, name: str) -> list[dict]:
 
 
 def saved_once(stack: Stack, run_dir: Path) -> bool:
-    """The supervisor has logged a finished save of attempt 1 and the child has reported a step past
-    its own first finished save."""
-    if not any(e.get("attempt") == 1 and e.get("ok") for e in events(run_dir, "save_end")):
-        return False
+    """The child has reported a step past its own first finished save."""
     text = attempt_log(run_dir, 1)
     saves, steps = stack.log.completed_saves(text), stack.log.steps(text)
     return bool(saves and steps and steps[-1] > saves[0])
+
+
+def supervisor_saw_a_save(run_dir: Path) -> bool:
+    return any(e.get("attempt") == 1 and e.get("ok") for e in events(run_dir, "save_end"))
 
 
 def in_the_middle(stack: Stack, run_dir: Path) -> int | None:
@@ -71,10 +72,10 @@ def in_the_middle(stack: Stack, run_dir: Path) -> int | None:
 
 
 def freeze_between_saves(stack: Stack, run_dir: Path, alive, timeout: float) -> tuple[int, int]:
-    """Stop the training process (SIGSTOP) at a step between two saves, after its first save, and
-    return (pid, step). The decision is made on the stopped process, after the supervisor has copied
-    out everything it wrote, so how fast the steps run does not matter: a stop that lands near a
-    save is let go (SIGCONT) and tried again."""
+    """Stop the training process (SIGSTOP) at a step between two saves, after its first save and
+    after the supervisor logged a finished save, and return (pid, step). Every decision is made on
+    the stopped process, once the supervisor has copied out all it wrote, so how fast the steps run
+    does not matter: a stop that lands near a save is let go (SIGCONT) and tried again."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if not alive():
@@ -83,12 +84,17 @@ def freeze_between_saves(stack: Stack, run_dir: Path, alive, timeout: float) -> 
         if saved_once(stack, run_dir):
             pid = training_pid(run_dir, stack)
             os.kill(pid, signal.SIGSTOP)
+            saw = wait_for(lambda: supervisor_saw_a_save(run_dir), timeout=30)
             time.sleep(0.5)  # the supervisor copies the child's last lines into attempt-1.log
             step = in_the_middle(stack, run_dir)
-            if step is not None:
+            if saw and step is not None:
                 return pid, step
-            os.kill(pid, signal.SIGCONT)
-        time.sleep(0.05)
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                raise AssertionError(f"{stack.key}: the training ended before the fault could be placed "
+                                     f"(raise its max_steps):\n{attempt_log(run_dir, 1)[-3000:]}") from None
+        time.sleep(0.02)
     raise AssertionError(f"{stack.key}: no step between two saves within {timeout:.0f}s:\n"
                          f"{attempt_log(run_dir, 1)[-3000:]}")
 
@@ -150,7 +156,7 @@ def check_outcome(stack: Stack, run_dir: Path, rc: int, output: str) -> dict:
     assert lost is not None and last - resumed <= lost <= stack.save_interval, (
         f"{stack.key}: attempt 1 accounted {lost} steps lost; the child reached step {last} and resumed at "
         f"{resumed} ({last - resumed} lost; save interval {stack.save_interval}){context}")
-    assert report["run"]["steps_lost"] <= stack.save_interval, context
+    assert report["run"]["steps_lost"] is not None and report["run"]["steps_lost"] <= stack.save_interval, context
     assert report["run"]["outcome"] == "complete" and report["verdict"]["ok"], context
     return report
 
@@ -174,7 +180,7 @@ def test_segfault_from_outside_between_saves_resumes_from_the_newest_save(stack:
             *stack.supervise_flags(workdir), "--", *stack.command(workdir)]
     with open(out_path, "w") as out:
         proc = subprocess.Popen(argv, cwd=workdir, stdout=out, stderr=subprocess.STDOUT,
-                                env=supervise_env(CHILD_ENV))
+                                env=supervise_env({**CHILD_ENV, "HF_HOME": str(workdir / ".hf")}))
         try:
             victim, step = freeze_between_saves(stack, run_dir, lambda: proc.poll() is None, timeout=240)
             os.kill(victim, signal.SIGSEGV)  # delivered as the process continues: it dies of it
@@ -193,7 +199,7 @@ CLUSTER_STACKS = [s for s in STACKS if s.key in ("nanogpt", "hf_trainer")]  # th
 
 
 def victim_script(workdir: Path, run_dir: Path, stack: Stack) -> str:
-    exports = "".join(f"export {k}={v}\n" for k, v in CHILD_ENV.items())
+    exports = "".join(f"export {k}={v}\n" for k, v in {**CHILD_ENV, "HF_HOME": workdir / ".hf"}.items())
     flags = " ".join(f"'{f}'" for f in stack.supervise_flags(workdir))
     command = " ".join(f"'{a}'" for a in stack.command(workdir))
     return (f"#!/bin/bash\nexport PYTHONPATH={REPO}\nexport PYTHONUNBUFFERED=1\n{exports}cd {workdir}\n"
