@@ -195,7 +195,9 @@ def test_segfault_from_outside_between_saves_resumes_from_the_newest_save(stack:
 
 
 # ---- preemption on the test cluster -------------------------------------------------------------
-CLUSTER_STACKS = [s for s in STACKS if s.key in ("nanogpt", "hf_trainer")]  # the cost of CI: two stacks
+# One stack on the cluster, for the cost of CI. The test fits every stack: hf_trainer was run through it by
+# hand (docs/realworld.md); add a key here to run more in CI.
+CLUSTER_STACKS = [s for s in STACKS if s.key in ("nanogpt",)]
 
 
 def victim_script(workdir: Path, run_dir: Path, stack: Stack) -> str:
