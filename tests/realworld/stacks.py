@@ -98,9 +98,10 @@ def _nanogpt_saved() -> Callable[[str], int | None]:
 
 
 def _lightning_step(line: str) -> int | None:
-    """TQDMProgressBar: "Epoch E:  40%|...| b/N [...]" is global step E*N + b."""
-    found = re.search(r"Epoch (\d+):\s+\d+%\|[^|]*\|\s*(\d+)/(\d+)\s*\[", line)
-    return int(found.group(1)) * int(found.group(3)) + int(found.group(2)) if found else None
+    """TQDMProgressBar in a one-epoch run: "Epoch 0:  40%|...| b/N [...]", and after a resume mid-epoch
+    "Training: |...| b/? [...]": b is the global step."""
+    found = re.search(r"(?:Epoch 0|Training):\s+(?:\d+%)?\|[^|]*\|\s*(\d+)/(?:\d+|\?)\s*\[", line)
+    return int(found.group(1)) if found else None
 
 
 @dataclass(frozen=True)
