@@ -388,8 +388,9 @@ def audit_resume(expected_step: int | None, reported_first_step: int | None, res
     """Does the first step the child reports match the resume point?
 
     A resumed loop reports either the step it resumed at or the next one to run (``expected`` or
-    ``expected + 1``), so both pass. Anything else while a resume point exists is flagged: a child
-    that starts at 0 silently threw the checkpoint away. Without a resume point any start is fine;
+    ``expected + 1``), so both pass. A start below the resume point is flagged: a child that starts
+    at 0 silently threw the checkpoint away. A start past it redoes nothing and passes with a note.
+    Without a resume point any start is fine;
     when either step is unknown the audit cannot judge (ok, reason starting with "unknown").
     """
     path = str(resume_path) if resume_path else None
@@ -408,8 +409,12 @@ def audit_resume(expected_step: int | None, reported_first_step: int | None, res
         return ResumeAudit(False, f"child started {what} but the resume point is step {expected_step}{where}: "
                                   f"the checkpoint was not loaded, {expected_step - reported_first_step} steps "
                                   f"would be redone")
-    return ResumeAudit(False, f"child started at step {reported_first_step}, past the resume point step "
-                              f"{expected_step}{where}: it resumed from something else")
+    # Past the resume point: nothing saved is redone. A training that prints its step only now and
+    # then (at each save, at each evaluation) shows its first step late, and one that found a newer
+    # save of its own resumed from it; neither lost progress, so this is a note, never a stop.
+    return ResumeAudit(True, f"child's first reported step {reported_first_step} is past the resume point step "
+                             f"{expected_step}{where}: nothing redone (its step lines are sparse, or it resumed "
+                             "from a newer save of its own)")
 
 
 def audit_fresh_start(saved_step: int | None, saved_path: str | None, saved_by: int | None,

@@ -131,7 +131,7 @@ def test_a_two_million_line_burst_under_supervise_run_is_logged_whole_in_order_a
     assert events_named(run_dir, "attempt_end")[0]["last_step"] == lines
 
 
-def test_of_a_burst_the_loop_observes_the_first_step_and_the_newest_step_and_counter() -> None:
+def test_of_a_burst_the_loop_observes_every_step_until_the_first_then_the_newest_step_and_counter() -> None:
     from supervisor.progress import StepMatch
     from supervisor.run.monitor import matches_worth_observing
 
@@ -144,13 +144,30 @@ def test_of_a_burst_the_loop_observes_the_first_step_and_the_newest_step_and_cou
                                                                             first_step_seen=first_step_seen)]
 
     burst = ["noise", "c 1", "s 7", "noise", "c 2", "s 8", "s 9", "c 3", "noise"]
-    assert seen(burst, first_step_seen=False) == [(7, False), (3, True), (9, False)]  # the resume audit's first
+    # until the first step is proven, every reading in order (the resume audit's first step)
+    assert seen(burst, first_step_seen=False) == [(1, True), (7, False), (2, True), (8, False), (9, False), (3, True)]
     assert seen(burst, first_step_seen=True) == [(3, True), (9, False)]
     assert seen(["noise", "c 4", "noise", "c 5"], first_step_seen=True) == [(5, True)]
-    assert seen(["c 4", "c 5"], first_step_seen=False) == [(5, True)]
     assert seen(["s 5", "s 6"], first_step_seen=False) == [(5, False), (6, False)]
-    assert seen(["s 5"], first_step_seen=False) == [(5, False)]
     assert seen([f"s {2 ** 60}", "noise"], first_step_seen=True) == []  # out of range: not a step
+
+
+def test_a_resumed_attempt_s_first_step_is_where_it_resumed_however_its_lines_fall_into_ticks() -> None:
+    """A resume line of one kind, then progress lines of another, printed faster than the loop
+    ticks: the first step the audit sees is the resume step, never a later step of the burst
+    (a newest-first reading had made a resume at 20 look like a start at 25: exit 4)."""
+    from supervisor.progress import StepConfirmer, StepExtractor
+    from supervisor.run.monitor import matches_worth_observing
+
+    extractor = StepExtractor()
+    lines = ["resuming from iter 20", *(f"step {n}: loss 0.5" for n in range(21, 31))]
+    for cut in range(1, len(lines)):  # every way of splitting the output into two ticks
+        confirm, counted = StepConfirmer(), []
+        for tick in (lines[:cut], lines[cut:]):
+            for m in matches_worth_observing(tick, extractor.match, first_step_seen=bool(counted)):
+                if not m.progress_only:
+                    counted.extend(confirm.feed(m.shape, m.value))
+        assert counted and counted[0] in (20, 21), (cut, counted)
 
 
 def _reference_lines(stream: bytes, limit: int) -> tuple[list[str], int]:

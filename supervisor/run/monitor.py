@@ -184,35 +184,26 @@ def matches_worth_observing(lines: list[str], match: Callable[[str], StepMatch |
                             first_step_seen: bool) -> list[StepMatch]:
     """The step matches of one tick's lines that change what the loop knows, oldest first.
 
-    Every line of a tick is observed at the same moment, so of a burst only the newest global step
-    and the newest progress-only counter matter (the rate needs one sample per moment, the stall
-    watch one sign of progress): the lines are read newest first and reading stops at the newest
-    global step. A chatty training printing hundreds of thousands of lines a second then costs one match
-    per tick instead of thousands. Until the attempt's first step is known the lines are read in
-    order up to it (the resume audit compares that first step)."""
-    counter: StepMatch | None = None  # the newest progress-only counter seen
-    first: StepMatch | None = None  # the attempt's first global step, when it is in this tick
-    start = 0
+    Every line of a tick is observed at the same moment, so once the attempt's first step is known,
+    of a burst only the newest global step and the newest progress-only counter matter (the rate
+    needs one sample per moment, the stall watch one sign of progress): the lines are read newest
+    first and reading stops at the newest global step. A chatty training printing hundreds of
+    thousands of lines a second then costs one match per tick instead of thousands. Until the first
+    step is known (proven by a second reading of its line, ``progress.StepConfirmer``) every match is
+    kept in order: the resume audit compares that first step, and skipping lines there would make a
+    later step look like the start ("started at 25, past the resume point 20")."""
     if not first_step_seen:
-        for start, line in enumerate(lines, 1):
-            got = _in_range(match(line))
-            if got is not None and got.progress_only:
-                counter = got
-            elif got is not None:
-                first = got
-                break
-        else:
-            return [counter] if counter else []
-    newer: StepMatch | None = None  # the newest progress-only counter after ``start``
-    for line in reversed(lines[start:]):
+        return [m for m in (_in_range(match(line)) for line in lines) if m is not None]
+    counter: StepMatch | None = None  # the newest progress-only counter seen
+    for line in reversed(lines):
         got = _in_range(match(line))
         if got is None:
             continue
         if not got.progress_only:
-            return [m for m in (first, newer or counter, got) if m is not None]
-        if newer is None:
-            newer = got
-    return [m for m in (first, newer or counter) if m is not None]
+            return [m for m in (counter, got) if m is not None]
+        if counter is None:
+            counter = got
+    return [counter] if counter else []
 
 
 def _in_range(found: StepMatch | None) -> StepMatch | None:
