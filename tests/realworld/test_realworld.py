@@ -170,7 +170,21 @@ def test_the_docs_table_gives_the_flags_the_suite_runs():
         assert f"| {stack.save_interval} " in row, row
 
 
-@pytest.mark.parametrize("stack", STACKS, ids=[s.key for s in STACKS])
+# Open product gaps (issue 21, docs/realworld.md "Open gaps"): these stacks resume from the right
+# checkpoint and finish, but their output never states the global step between saves (HF Trainer's
+# bare progress bar, Lightning's bar and sparse ModelCheckpoint lines, Fabric's "Epoch 1 | iter 46
+# step 23"), so the steps lost are accounted 0 where 2-17 were lost. strict: the day the accounting
+# is right these turn into failures and the marks must go.
+UNDER_COUNTED = {
+    "hf_trainer": "steps lost under-counted: HF Trainer's log lines and bare bar carry no global step",
+    "lightning": "steps lost under-counted: Lightning prints its global step only at ModelCheckpoint saves",
+    "fabric": "steps lost under-counted: a line naming an epoch ('Epoch 1 | iter 46 step 23') yields no step",
+}
+CRASH_CASES = [pytest.param(s, id=s.key, marks=pytest.mark.xfail(strict=True, reason=UNDER_COUNTED[s.key]))
+               if s.key in UNDER_COUNTED else pytest.param(s, id=s.key) for s in STACKS]
+
+
+@pytest.mark.parametrize("stack", CRASH_CASES)
 def test_segfault_from_outside_between_saves_resumes_from_the_newest_save(stack: Stack, make_workdir, tmp_path):
     require(stack)
     workdir = make_workdir(stack.key)
