@@ -119,12 +119,17 @@ PROBE = textwrap.dedent("""\
     node = os.environ["SLURMD_NODENAME"]
     attempt = client.attempt()
     print(f"PROBE rank={rank} node={node} attempt={attempt} channel={client.enabled()}", flush=True)
-    for step in range(1, 11):
+    # A restarted attempt picks up from its own save of step 10 (kept outside the watched checkpoint
+    # directory, so the supervisor cannot hand it over: the probe says where it resumed instead).
+    start = 0 if attempt == 1 else 10
+    if start and rank == 0:
+        client.resumed(start)
+    for step in range(start + 1, start + 11):
         client.heartbeat(step)  # rank 0 owns the step; rank 1 proves it is alive
         time.sleep(0.02)
     # A save report names the rank and node, so the event log shows whose datagram arrived.
     marker = os.path.join(os.environ["SUPERVISOR_RUN_DIR"], f"probe-rank{rank}-{node}.txt")
-    with client.saving(10, marker):
+    with client.saving(start + 10, marker):
         with open(marker, "w") as fh:
             fh.write(node)
     if os.environ.get("PROBE_CRASH") == "1" and attempt == 1:
@@ -134,7 +139,7 @@ PROBE = textwrap.dedent("""\
             ctypes.string_at(0)
         time.sleep(60)  # rank 0 waits to be killed by srun (--kill-on-bad-exit)
     if rank == 0:
-        client.done(10)
+        client.done(start + 10)
     print(f"PROBE rank={rank} done", flush=True)
 """)
 
