@@ -93,15 +93,21 @@ def pick_failure(events: Sequence[Event], attempt: int | None = None) -> Failure
 def checkpoint_candidates(events: Sequence[Event], failure: FailureToDiagnose) -> list[CheckpointCandidate]:
     """Checkpoints known to have landed before the failure, newest step first: successful saves
     recorded before it (at or below its step when that is known) and the failed attempt's own
-    resume point. Each path once."""
+    resume point. Each path once. A save the failed attempt finished just before it died may be
+    recorded only by the rescan after its exit, after the failure event: it counts when its step is
+    known and at or below the failure's."""
     found: dict[str, CheckpointCandidate] = {}
     for e in events:
-        if e.ts > failure.ts:
-            break
         path, step = e.get("path"), e.get("step")
         if not isinstance(path, str) or not path:
             continue
         step = step if isinstance(step, int) else None
+        if e.ts > failure.ts:
+            rescanned = (e.event == "save_end" and e.get("ok") is True and e.get("attempt") == failure.attempt
+                         and step is not None and failure.step is not None and step <= failure.step)
+            if rescanned:
+                found[path] = CheckpointCandidate(path, step, "save_end")
+            continue
         if e.event == "save_end" and e.get("ok") is True:
             if failure.step is not None and step is not None and step > failure.step:
                 continue

@@ -19,9 +19,10 @@ from typing import Any
 from ..checkpoints import DirWatcher
 from ..checkpoints.naming import has_checkpoint_suffix, parse_name, step_from_name
 from ..checkpoints.stepsource import StepChoice, StepEvidence, choose_step, is_accelerate_state_dir, parse_step_rule
-from ..checkpoints.validate import fingerprint
+from ..checkpoints.validate import fingerprint, validate
 from ..events import Ev
 from ..preemption import InFlightSave
+from ..states import Verdict
 from .attempt import AttemptState, SaveRecord
 from .context import RunContext
 
@@ -163,8 +164,11 @@ def final_rescan(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now:
         step = choice.step
         if step is None or (durable is not None and step <= durable) or (entry.path, step) in recorded:
             continue
-        if named is not None and state.in_flight is not None and state.in_flight.path == entry.path:
-            continue  # a step file still being written when the child died did not land
+        if (named is not None and state.in_flight is not None and state.in_flight.path == entry.path
+                and validate(entry.path, writers_alive=False).verdict is not Verdict.VALID):
+            # A step file still being written when the child died did not land. One written to a
+            # temp name and renamed in just before the death did: it is whole, and it counts.
+            continue
         try:
             size = entry.stat(follow_symlinks=False).st_size
         except OSError:
