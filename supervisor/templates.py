@@ -48,20 +48,30 @@ class Placeholder:
     default: Any = None
 
 
-def _empty(value: Any) -> bool:
+def is_empty(value: Any) -> bool:
+    """An optional value left out: ``None``, blank text or an empty list."""
     return value is None or (isinstance(value, str) and value.strip() == "") or (
         isinstance(value, (list, tuple)) and len(value) == 0)
 
 
+class TemplateValueError(UsageError):
+    """A value a template cannot take; carries the placeholder's name so a caller (the CLI) can name
+    the flag the user wrote instead."""
+
+    def __init__(self, name: str, value: Any, allowed: str) -> None:
+        self.name, self.value, self.allowed = name, value, allowed
+        super().__init__(f"template value '{name}': got {value!r}; {allowed}")
+
+
 def _bad(name: str, value: Any, allowed: str) -> UsageError:
-    return UsageError(f"template value '{name}': got {value!r}; {allowed}")
+    return TemplateValueError(name, value, allowed)
 
 
 def _directive(pattern: re.Pattern[str], allowed: str, *, required: bool = False):
     """A value for an ``#SBATCH`` line: checked, never quoted (sbatch is not a shell)."""
 
     def render(name: str, value: Any) -> str | None:
-        if _empty(value):
+        if is_empty(value):
             if required:
                 raise _bad(name, value, f"required; {allowed}")
             return None
@@ -77,7 +87,7 @@ def _count(lo: int = 1, hi: int | None = None, *, required: bool = False):
     """A whole number for an ``#SBATCH`` line or a shell word (digits only: nothing to quote)."""
 
     def render(name: str, value: Any) -> str | None:
-        if _empty(value):
+        if is_empty(value):
             if required:
                 raise _bad(name, value, f"required; a whole number >= {lo}")
             return None
@@ -95,7 +105,7 @@ def _count(lo: int = 1, hi: int | None = None, *, required: bool = False):
 
 def _seconds(name: str, value: Any) -> str | None:
     """A number of seconds for the environment (shell-safe: digits and a dot)."""
-    if _empty(value):
+    if is_empty(value):
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise _bad(name, value, "expected a number of seconds >= 0")
@@ -113,7 +123,7 @@ def _path(*, required: bool = False):
     a newline breaks every log and is never what was meant)."""
 
     def render(name: str, value: Any) -> str | None:
-        if _empty(value):
+        if is_empty(value):
             if required:
                 raise _bad(name, value, "required; a path")
             return None
@@ -148,7 +158,7 @@ def _command(name: str, value: Any) -> str:
 
 def _sbatch_lines(name: str, value: Any) -> list[str] | None:
     """Extra ``#SBATCH`` options, one per item (``--mail-type=END``, ``--constraint=h100``)."""
-    if _empty(value):
+    if is_empty(value):
         return None
     if isinstance(value, str):
         value = [value]
@@ -165,7 +175,7 @@ def _sbatch_lines(name: str, value: Any) -> list[str] | None:
 
 
 def _signal(name: str, value: Any) -> str | None:
-    if _empty(value):
+    if is_empty(value):
         return None
     text = str(value).strip().upper().removeprefix("SIG")
     if text not in _SIGNALS:
@@ -283,9 +293,9 @@ def render_text(text: str, values: Mapping[str, Any], *, template: str = "<text>
     rendered: dict[str, str | list[str] | None] = {}
     for key in used:
         value = values[key] if key in values else defaults.get(key, PLACEHOLDERS[key].default)
-        if key in TEMPLATE_REQUIRED.get(template, ()) and _empty(value):
-            raise UsageError(f"template value '{key}' is required by the {template!r} template "
-                             f"({PLACEHOLDERS[key].help})")
+        if key in TEMPLATE_REQUIRED.get(template, ()) and is_empty(value):
+            raise TemplateValueError(key, value, f"required by the {template!r} template "
+                                     f"({PLACEHOLDERS[key].help})")
         rendered[key] = PLACEHOLDERS[key].render(key, value)
 
     out: list[str] = []

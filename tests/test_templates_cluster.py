@@ -1,7 +1,9 @@
-"""Every sbatch template of sbatch_templates/, rendered and submitted to the real throwaway Slurm
-cluster (tests/slurm_cluster.py: nodes n1 and n2, 2 CPUs each; partition ``extra`` preempted by
-``own``). Each must run its training under the supervisor to a ``run_end`` of ``complete``.
-tests/test_templates.py checks the rendering itself (quoting, refused values) without Slurm.
+"""Every sbatch template of sbatch_templates/, written by ``supervise init`` (the command a user
+runs, not a Python call) and submitted to the real throwaway Slurm cluster (tests/slurm_cluster.py:
+nodes n1 and n2, 2 CPUs each; partition ``extra`` preempted by ``own``). Each must run its training
+under the supervisor to a ``run_end`` of ``complete``; the preemptible and time-limit scripts must
+resume after the preemption or the warning. tests/test_templates.py checks the rendering itself
+(quoting, refused values) and tests/test_init_cmd.py the command's input handling, without Slurm.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ import time
 from pathlib import Path
 
 
-from supervisor import templates
-
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 TRAIN_PLAIN = str(REPO / "examples" / "train_plain.py")
@@ -27,12 +27,15 @@ RANKS = ("import os, time\nrank = os.environ.get('SLURM_PROCID', '?')\n"
          "for i in range(1, 21):\n    print(f'step {i} rank {rank}', flush=True)\n    time.sleep(0.02)\n")
 
 
-def render(name: str, job_dir: Path, command: list[str], **values) -> Path:
-    text = templates.render(name, job_name=name.replace("_", "-"), partition="extra", time="10",
-                            run_dir=str(job_dir / "run"), output=str(job_dir / "%x-%j.out"),
-                            supervise=SUPERVISE_BIN, command=command, **values)
+def render(name: str, job_dir: Path, command: list[str], *flags: str) -> Path:
+    """The script ``supervise init`` writes for template ``name`` (flags as a user types them)."""
     path = job_dir / f"{name}.sbatch"
-    path.write_text(text)
+    argv = [PY, "-m", "supervisor", "init", "--template", name, "--job-name", name.replace("_", "-"),
+            "--partition", "extra", "--time", "10", "--run-dir", str(job_dir / "run"),
+            "--var", f"output={job_dir / '%x-%j.out'}", "--supervise", SUPERVISE_BIN, *flags,
+            "-o", str(path), "--", *command]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and path.is_file(), proc.stderr
     return path
 
 
@@ -87,8 +90,8 @@ def test_single_node_template_runs_the_training_to_completion(slurm_cluster, slu
 
 
 def test_multi_node_template_one_supervisor_runs_ranks_on_both_nodes(slurm_cluster, slurm_job_dir):
-    script = render("multi_node", slurm_job_dir, [PY, "-c", RANKS], nodes=2, ntasks_per_node=1,
-                    poll_interval=2)
+    script = render("multi_node", slurm_job_dir, [PY, "-c", RANKS], "--nodes", "2",
+                    "--var", "ntasks_per_node=1", "--var", "poll_interval=2")
     result = slurm_cluster.run_job(script, timeout=90)
     assert result.info.state == "COMPLETED", result.output
     assert result.info.node_names == ("n1", "n2")
@@ -99,7 +102,7 @@ def test_multi_node_template_one_supervisor_runs_ranks_on_both_nodes(slurm_clust
 
 
 def test_multi_node_per_node_template_runs_one_supervisor_per_node(slurm_cluster, slurm_job_dir):
-    script = render("multi_node_per_node", slurm_job_dir, [PY, "-c", RANKS], nodes=2)
+    script = render("multi_node_per_node", slurm_job_dir, [PY, "-c", RANKS], "--nodes", "2")
     result = slurm_cluster.run_job(script, timeout=90)
     assert result.info.state == "COMPLETED", result.output
     for node in (0, 1):

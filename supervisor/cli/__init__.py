@@ -7,6 +7,7 @@ import importlib
 import click
 
 from .. import __version__
+from .common import OneErrorStyleGroup
 
 # One module per command family; each defines ``register(group)``.
 _COMMAND_MODULES = (
@@ -19,6 +20,7 @@ _COMMAND_MODULES = (
     "gpu_cmd",  # supervise check-gpu
     "diagnose_cmd",  # supervise diagnose
     "nodes_cmd",  # supervise nodes
+    "init_cmd",  # supervise init
     "demo_cmd",  # supervise demo
 )
 
@@ -30,12 +32,13 @@ Exit codes:
   3   another live supervisor holds the run directory
   4   stopped by policy (budget exhausted, crash loop, resume audit)
   75  not finished: handed back to Slurm / the resubmission loop
-  N   supervise run: the child's own status when it failed and policy said stop
-      (128+S when it died of signal S)
+  130 supervise run: interrupted by a person (Ctrl-C, scancel)
+  The child's own exit status is never passed through: it is in the last line
+  and in the run_end event. User errors are one line: "supervise: error: ...".
 """
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
+@click.group(cls=OneErrorStyleGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES_HELP)
 @click.version_option(__version__, prog_name="supervise")
 @click.option("-v", "--verbose", count=True, help="More log detail on stderr (-vv for debug).")
 @click.pass_context

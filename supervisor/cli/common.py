@@ -63,5 +63,36 @@ def handle_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+class OneErrorStyleGroup(click.Group):
+    """The ``supervise`` group: click's own command-line errors (unknown option, bad value, missing
+    argument) come out as every other user error does, ``supervise: error: ...`` on one line with
+    the exit code click gives them (2 for usage), instead of click's four-line ``Usage:``/``Error:``."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # bare `supervise` / `supervise config`: the help
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            fail(_with_help_hint(exc), exc.exit_code)
+        except (click.exceptions.Abort, KeyboardInterrupt, EOFError):
+            click.echo("supervise: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(result if isinstance(result, int) else 0)  # an int here is a click Exit's code (--help: 0)
+
+
+def _with_help_hint(exc: click.ClickException) -> str:
+    """Click's message, plus where to read more when the mistake is in a command line."""
+    message = exc.format_message()
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        return f"{message} (see '{ctx.command_path} --help')"
+    return message
+
+
 def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
