@@ -32,7 +32,7 @@ README = Path(REPO) / "README.md"
 def readme_sbatch() -> str:
     text = README.read_text()
     section = text[text.index("## In an sbatch script"):]
-    match = re.search(r"```bash\n(.*?)```", section, re.S)
+    match = re.search(r"```bash\n(#!/bin/bash\n.*?)```", section, re.S)  # the script, not the init line
     assert match, "the README lost its sbatch example"
     return match.group(1)
 

@@ -79,6 +79,8 @@ class OneErrorStyleGroup(click.Group):
             sys.exit(exc.exit_code)
         except click.ClickException as exc:
             fail(_with_help_hint(exc), exc.exit_code)
+        except SupervisorError as exc:  # a command without @handle_errors: still one line, never a traceback
+            fail(str(exc), exc.exit_code)
         except (click.exceptions.Abort, KeyboardInterrupt, EOFError):
             click.echo("supervise: interrupted", err=True)
             sys.exit(130)
