@@ -53,7 +53,7 @@ def run_once(work: Path, lines: int, supervised: bool, tag: str, repo: Path = RE
     through a pipe (what any reader of the output costs, slurmstepd's included)."""
     timing = work / f"time-{tag}"
     child = [sys.executable, "-c", CHILD, str(lines), str(timing)]
-    env = {**os.environ, "PYTHONPATH": str(repo)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
     argv = child
     if piped:
         argv = ["bash", "-c", 'exec "$@" | cat > /dev/null', "bash", *child]

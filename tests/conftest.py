@@ -87,10 +87,28 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                              indirect=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups below
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if SLURM_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slurm)
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
+
+
+def _worker_group(item: pytest.Item) -> str:
+    """Which tests must share a worker under ``pytest -n N --dist loadgroup`` (what CI runs).
+
+    Every Slurm-marked test of one version goes to one worker: the session's cluster is started once
+    per worker, and one cluster per version at a time is what these tests are written for (their
+    jobs wait on each other's nodes). Every other test stays with the rest of its file, so a file's
+    module-scoped fixtures (a whole supervised run, a built model) are made once, not once per worker.
+    Without xdist the marker is inert.
+    """
+    if item.get_closest_marker("slurm") is not None:
+        callspec = getattr(item, "callspec", None)
+        version = callspec.params.get("slurm_version", "host") if callspec is not None else "host"
+        return f"slurm-{version}"
+    return item.nodeid.split("::", 1)[0].replace("/", ".")
 
 
 @pytest.fixture(scope="session")

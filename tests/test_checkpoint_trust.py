@@ -152,3 +152,35 @@ def test_quarantine_lists_the_directory_once_not_once_per_file(tmp_path: Path, m
     assert (d / "CORRUPT_step=3.ckpt.t").read_bytes() == b"an earlier quarantine under the same tag"
     assert (d / "CORRUPT_step=3.ckpt.t-2").read_bytes() == b"PK\x03\x04 torn"
     assert len({r.dest for r in records}) == 40
+
+
+def test_a_flood_of_torn_files_gets_one_manifest_and_the_report_still_explains_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the batch's first sidecars, the records go to one manifest (one new file for the whole
+    flood, not one per torn file): every file is still moved aside, none is lost, and the report
+    reads each one's reason from wherever its record is."""
+    from supervisor.report.load import list_quarantined
+
+    monkeypatch.setattr(quarantine_module, "SIDECARS_PER_BATCH", 3)  # the real one is 256: same path
+    d = tmp_path / "ckpts"
+    d.mkdir()
+    for i in range(10):
+        (d / f"step={i}.ckpt").write_bytes(b"PK\x03\x04 torn")
+    (d / "CORRUPT_batch.t.jsonl").write_bytes(b"an unrelated file that happens to have the name\n")
+    reports = [validate(d / f"step={i}.ckpt", writers_alive=False) for i in range(10)]
+    records = quarantine_all(reports, d, "t", now=0.0, host="h")
+
+    assert all(r.ok and r.error is None and r.sidecar for r in records)
+    assert not any(p.name.startswith("step=") for p in d.iterdir())
+    sidecars = sorted(p.name for p in d.glob("CORRUPT_*.json"))
+    assert len(sidecars) == 3
+    assert (d / "CORRUPT_batch.t.jsonl").read_bytes() == b"an unrelated file that happens to have the name\n"
+    manifest = d / "CORRUPT_batch.t-2.jsonl"
+    lines = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert len(lines) == 7 and {r.sidecar for r in records[3:]} == {str(manifest)}
+    assert {Path(x["quarantined_as"]).name for x in lines} | {s[:-len(".json")] for s in sidecars} == {
+        Path(r.dest).name for r in records if r.dest}
+
+    listed = {q.name: q for q in list_quarantined(d)}
+    assert set(listed) == {Path(r.dest).name for r in records if r.dest}  # manifests are not entries
+    assert all(q.sidecar and q.sidecar["reason"] == reports[0].reason for q in listed.values())

@@ -18,6 +18,16 @@ from .limits import MAX_STEP
 CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".safetensors", ".tar", ".pkl", ".pickle")
 
 QUARANTINE_PREFIX = "CORRUPT_"
+# A quarantine batch's manifest: the sidecars of the files beyond the batch's first few hundred,
+# one JSON object per line (supervisor/checkpoints/quarantine.py).
+MANIFEST_PREFIX = f"{QUARANTINE_PREFIX}batch."
+MANIFEST_SUFFIX = ".jsonl"
+
+
+def is_manifest_name(name: str) -> bool:
+    return name.startswith(MANIFEST_PREFIX) and name.endswith(MANIFEST_SUFFIX)
+
+
 NEMO_UNFINISHED_SUFFIX = "-unfinished"  # NeMo creates <name>-unfinished before a save, removes it after
 
 # Named step keys, strongest first. Each needs a separator (or the start) before the key so that

@@ -5,7 +5,11 @@ permission) becomes a record, never an exception.
 
 Cost is linear in the number of torn files: :func:`quarantine_all` lists the directory once and
 keeps the set of taken names up to date as it renames; a name is checked against that set and
-with one ``lstat`` (a file that appeared since the listing is never overwritten).
+with one ``lstat`` (a file that appeared since the listing is never overwritten). A batch writes a
+sidecar beside each of its first :data:`SIDECARS_PER_BATCH` files and puts the records of the rest
+in one manifest, ``CORRUPT_batch.<tag>.jsonl`` (one sidecar's JSON per line), written once: creating
+a new file is by far the dearest step (measured in docs/benchmarks.md), so a flood of torn files
+costs one rename each, not a rename and a file.
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .atomic import atomic_write_bytes, fsync_dir
-from .naming import QUARANTINE_PREFIX
+from .naming import MANIFEST_PREFIX, MANIFEST_SUFFIX, QUARANTINE_PREFIX
 from .validate import CheckpointReport
+
+SIDECARS_PER_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -84,10 +90,39 @@ def quarantine_all(
         return tuple(_not_moved(r, f"cannot list the checkpoint dir: {exc.strerror}") for r in reports)
     host = host or socket.gethostname()
     batch = _Batch(root, {os.path.abspath(ckpt_dir), root}, taken)
-    records = tuple(quarantine(r, ckpt_dir, tag, now=now, host=host, batch=batch) for r in reports)
+    records = [quarantine(r, ckpt_dir, tag, now=now, host=host, batch=batch) for r in reports]
+    if batch.manifest_lines:
+        records = _write_manifest(batch, tag, records)
     if any(r.sidecar for r in records):
         fsync_dir(root)  # once for every sidecar, not once per file
-    return records
+    return tuple(records)
+
+
+def manifest_name(tag: str, taken: set[str] | frozenset[str] = frozenset(),
+                  exists: Callable[[str], bool] = lambda _name: False) -> str:
+    """``CORRUPT_batch.<tag>.jsonl`` (``-2``, ``-3``... when taken): the records of a batch's files
+    beyond its first :data:`SIDECARS_PER_BATCH`."""
+    base = f"{MANIFEST_PREFIX}{_safe(tag)}"
+    candidate, n = f"{base}{MANIFEST_SUFFIX}", 1
+    while candidate in taken or exists(candidate):
+        n += 1
+        candidate = f"{base}-{n}{MANIFEST_SUFFIX}"
+    return candidate
+
+
+def _write_manifest(batch: _Batch, tag: str, records: list[QuarantineRecord]) -> list[QuarantineRecord]:
+    """Write the batch manifest in one atomic write; the records it holds name it as their sidecar
+    (or say it could not be written: the files are moved aside all the same)."""
+    name = manifest_name(tag, batch.taken, exists=lambda n: os.path.lexists(os.path.join(batch.root, n)))
+    path = os.path.join(batch.root, name)
+    pending = {dest for dest, _line in batch.manifest_lines}
+    try:
+        atomic_write_bytes(path, b"".join(line for _dest, line in batch.manifest_lines))
+    except OSError as exc:
+        error = f"moved, but the batch manifest could not be written ({exc.strerror or exc})"
+        return [replace(r, error=error) if r.dest in pending else r for r in records]
+    batch.taken.add(name)
+    return [replace(r, sidecar=path) if r.dest in pending else r for r in records]
 
 
 def quarantine(
@@ -161,8 +196,14 @@ def quarantine(
         "host": host or socket.gethostname(),
         "tag": tag,
     }
+    line = (json.dumps(payload) + "\n").encode()
+    if batch is not None and batch.sidecars >= SIDECARS_PER_BATCH:
+        batch.manifest_lines.append((dest, line))  # its sidecar is the manifest, written at the end
+        return record(True, dest, None)
     try:
-        _write_sidecar(sidecar, (json.dumps(payload) + "\n").encode(), durable=batch is None)
+        _write_sidecar(sidecar, line, durable=batch is None)
+        if batch is not None:
+            batch.sidecars += 1
     except OSError as exc:
         return record(True, dest, f"moved, but the sidecar could not be written ({exc.strerror or exc})")
     return record(True, dest, None, sidecar)
@@ -185,13 +226,15 @@ def _write_sidecar(path: str, data: bytes, *, durable: bool) -> None:
         os.close(fd)
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Batch:
     """One listing of the checkpoint dir shared by a batch of quarantines."""
 
     root: str  # the directory, resolved
     spellings: set[str]  # absolute spellings of it that need no realpath per file
     taken: set[str]  # names in it, kept up to date as files are renamed
+    sidecars: int = 0  # sidecars written so far
+    manifest_lines: list[tuple[str, bytes]] = field(default_factory=list)  # (dest, JSON line) beyond them
 
 
 def _not_moved(report: CheckpointReport, error: str) -> QuarantineRecord:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..checkpoints.naming import is_manifest_name
 from ..config import BudgetConfig, SupervisorConfig
 from ..errors import UsageError
 from ..events import Event, read_events
@@ -27,6 +28,7 @@ from .model import CheckpointRow, QuarantineFile, Report, fold
 
 QUARANTINE_PREFIX = "CORRUPT_"
 MAX_SIDECAR_BYTES = 1 << 20
+MAX_MANIFEST_BYTES = 256 << 20  # ~400,000 records; a bigger one is left unread (its files are still listed)
 _MANIFEST_NAME = re.compile(r"^manifest-(\d+)\.json$")
 
 
@@ -132,13 +134,39 @@ def list_quarantined(ckpt_dir: Path) -> list[QuarantineFile]:
         return []
     out = []
     present = set(names)
+    from_manifests: dict[str, dict[str, Any]] = {}
     for name in names:
-        if not name.startswith(QUARANTINE_PREFIX):
+        if is_manifest_name(name):
+            from_manifests.update(_read_manifest(ckpt_dir / name))
+    for name in names:
+        if not name.startswith(QUARANTINE_PREFIX) or is_manifest_name(name):
             continue
         if name.endswith(".json") and name[: -len(".json")] in present:
             continue  # a sidecar
-        out.append(QuarantineFile(name=name, size=_entry_size(ckpt_dir / name),
-                                  sidecar=_read_sidecar(ckpt_dir / f"{name}.json")))
+        sidecar = _read_sidecar(ckpt_dir / f"{name}.json") or from_manifests.get(name)
+        out.append(QuarantineFile(name=name, size=_entry_size(ckpt_dir / name), sidecar=sidecar))
+    return out
+
+
+def _read_manifest(path: Path) -> dict[str, dict[str, Any]]:
+    """A batch manifest (supervisor/checkpoints/quarantine.py): one sidecar per line, by the name the
+    file was moved to. Regular files only, bounded; a line that is not a sidecar is skipped."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MANIFEST_BYTES:
+            return out
+        with open(path, "rb") as handle:
+            for raw in handle:
+                try:
+                    data = json.loads(raw)
+                except ValueError:
+                    continue
+                dest = data.get("quarantined_as") if isinstance(data, dict) else None
+                if isinstance(dest, str):
+                    out[os.path.basename(dest)] = data
+    except OSError:
+        return out
     return out
 
 
