@@ -47,10 +47,11 @@ with open(out, "w") as fh:
 
 
 def run_once(work: Path, lines: int, supervised: bool, tag: str, repo: Path = REPO,
-             piped: bool = False) -> tuple[float, float]:
+             piped: bool = False, to_file: bool = False) -> tuple[float, float]:
     """The child's line rate, and the CPU seconds spent by everything but the child's print loop
     (the supervisor, and the start-up of both). ``piped``: bare, but into ``cat > /dev/null``
-    through a pipe (what any reader of the output costs, slurmstepd's included)."""
+    through a pipe (what any reader of the output costs, slurmstepd's included). ``to_file``: the
+    run's stdout is a real file instead of /dev/null (a batch job's output file)."""
     timing = work / f"time-{tag}"
     child = [sys.executable, "-c", CHILD, str(lines), str(timing)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
@@ -60,7 +61,10 @@ def run_once(work: Path, lines: int, supervised: bool, tag: str, repo: Path = RE
     if supervised:
         argv = [sys.executable, "-m", "supervisor", "run", "--run-dir", str(work / f"run-{tag}"), "--", *child]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, check=True, cwd=work)
+    with open(work / f"out-{tag}" if to_file else os.devnull, "wb") as out:
+        subprocess.run(argv, stdout=out, stderr=subprocess.DEVNULL, env=env, check=True, cwd=work)
+    if to_file:
+        (work / f"out-{tag}").unlink()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     elapsed, child_cpu = map(float, timing.read_text().split())
     others = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime) - child_cpu
@@ -87,6 +91,8 @@ def main() -> None:
     overhead: list[float] = []  # CPU seconds beyond the child's print loop, supervised minus bare
     baseline: list[float] = []
     piped: list[float] = []
+    bare_file: list[float] = []  # stdout a real file: what `python train.py` in a batch script writes to
+    sup_file: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-output-") as tmp:
         work = Path(tmp)
         for i in range(args.pairs):
@@ -96,6 +102,8 @@ def main() -> None:
             supervised.append(rate)
             overhead.append(sup_others - bare_others)
             piped.append(run_once(work, args.lines, False, f"piped-{i}", piped=True)[0])
+            bare_file.append(run_once(work, args.lines, False, f"bare-file-{i}", to_file=True)[0])
+            sup_file.append(run_once(work, args.lines, True, f"sup-file-{i}", to_file=True)[0])
             if args.baseline is not None:
                 baseline.append(run_once(work, args.lines, True, f"base-{i}", args.baseline)[0])
     result = {
@@ -104,6 +112,10 @@ def main() -> None:
         "bare_median": round(statistics.median(bare)), "supervised_median": round(statistics.median(supervised)),
         "ratio": round(statistics.median(supervised) / statistics.median(bare), 3),
         "piped_lines_per_s": [round(r) for r in piped], "piped_median": round(statistics.median(piped)),
+        "bare_file_lines_per_s": [round(r) for r in bare_file], "bare_file_median": round(statistics.median(bare_file)),
+        "supervised_file_lines_per_s": [round(r) for r in sup_file],
+        "supervised_file_median": round(statistics.median(sup_file)),
+        "file_ratio": round(statistics.median(sup_file) / statistics.median(bare_file), 3),
         "supervisor_cpu_s": [round(o, 2) for o in overhead],
         "supervisor_cpu_us_per_line": round(statistics.median(overhead) / args.lines * 1e6, 3),
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}",
@@ -121,6 +133,10 @@ def main() -> None:
     print(f"supervised: median {result['supervised_median']:>10,} lines/s  {result['supervised_lines_per_s']}")
     print(f"bare | cat: median {result['piped_median']:>10,} lines/s  {result['piped_lines_per_s']}")
     print(f"supervised / bare: {result['ratio']:.1%}")
+    print(f"bare > file:       median {result['bare_file_median']:>10,} lines/s  {result['bare_file_lines_per_s']}")
+    print(f"supervised > file: median {result['supervised_file_median']:>10,} lines/s  "
+          f"{result['supervised_file_lines_per_s']}")
+    print(f"supervised > file / bare > file: {result['file_ratio']:.1%}")
     if baseline:
         print(f"baseline:   median {result['baseline_median']:>10,} lines/s  {result['baseline_lines_per_s']}  "
               f"({result['baseline_ratio']:.1%} of bare; {args.baseline})")
