@@ -273,6 +273,8 @@ class SupervisorConfig:
     tail_bytes: int = 262144  # bytes of output kept in memory for classification
     max_line_bytes: int = 65536  # longer lines are cut in the tail (never in the log file)
     progress_event_interval: float = 30.0  # seconds between sampled progress events
+    max_steps: int | None = None  # the training's last step, for the ETA in `supervise status`; a client's
+    # heartbeat(step, max_steps=N) (the Lightning and HF callbacks send theirs) wins over it
     config_files: tuple[str, ...] = ()  # training config files hashed into the manifest
     preflight: tuple[str, ...] = ()  # "gpu": run the GPU health check before each attempt
     policy: Mapping[FailureClass, ClassPolicy] = field(default_factory=lambda: dict(DEFAULT_POLICY))
