@@ -100,9 +100,11 @@ def _write_atomically(path: Path, text: str) -> None:
 WATCH_HELP = """\b
 With --watch the view is redrawn every --interval seconds until Ctrl-C
 (or SIGTERM), which quits cleanly with exit 0: Ctrl-C is how a watch ends,
-not an error. A run that has ended is still watched (the view says so),
-since a requeued or restarted run writes on. With --json, --watch prints
-one JSON object per refresh (JSON Lines).
+not an error. On a terminal it is redrawn in place; to a file or a pipe
+each refresh is one line. A run that has ended is still watched (the view
+says so), since a requeued or restarted run writes on. With --json, --watch
+prints one JSON object per refresh (JSON Lines). The text fits COLUMNS
+(else the terminal, else 100 columns).
 """
 
 
@@ -114,9 +116,9 @@ one JSON object per refresh (JSON Lines).
               help="Seconds between refreshes with --watch.")
 @handle_errors
 def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
-    """One screen on a running or finished run: alive?, current attempt, step and rate, last
-    checkpoint, time left to the grace deadline during a stop notice, restarts, steps lost so far,
-    last failure."""
+    """One screen on a running or finished run: alive?, current attempt, step, loss, rate and ETA,
+    last checkpoint, what a preemption now would cost, time left to the grace deadline during a stop
+    notice, restarts, steps lost so far, last failure."""
     from ..report import resolve_run_dir
     from ..report.render import render_status
     from ..report.textfit import columns
