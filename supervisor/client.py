@@ -656,7 +656,9 @@ def attempt() -> int | None:
 
 
 def heartbeat(step: int, **metrics: float) -> None:
-    """Report progress. Call it every step: datagrams are throttled, the latest step always wins."""
+    """Report progress. Call it every step: datagrams are throttled, the latest step always wins.
+    ``loss=`` is watched for NaN/spikes and shown by ``supervise status``; ``max_steps=`` (the step
+    training ends at) gives that view its ETA."""
     (_CLIENT or _client()).heartbeat(step, metrics)
 
 

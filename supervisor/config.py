@@ -273,6 +273,8 @@ class SupervisorConfig:
     tail_bytes: int = 262144  # bytes of output kept in memory for classification
     max_line_bytes: int = 65536  # longer lines are cut in the tail (never in the log file)
     progress_event_interval: float = 30.0  # seconds between sampled progress events
+    max_steps: int | None = None  # the training's last step, for the ETA in `supervise status`; a client's
+    # heartbeat(step, max_steps=N) (the Lightning and HF callbacks send theirs) wins over it
     config_files: tuple[str, ...] = ()  # training config files hashed into the manifest
     preflight: tuple[str, ...] = ()  # "gpu": run the GPU health check before each attempt
     policy: Mapping[FailureClass, ClassPolicy] = field(default_factory=lambda: dict(DEFAULT_POLICY))
@@ -361,12 +363,53 @@ def _set_dotted(target: dict[str, Any], dotted: str, value: Any, source: str = "
     node[parts[-1]] = value
 
 
-def _parse_scalar(text: str) -> Any:
-    """Environment and ``--set`` values are YAML scalars: ``5``, ``0.5``, ``true``, ``null``, ``[TERM]``."""
+class Typed(str):
+    """A value typed in the environment or after ``--set``: text until the setting's declared type
+    reads it (``name=0123`` stays ``"0123"``, ``12:30`` stays ``"12:30"``; YAML 1.1 would make them
+    83 and 750). ``origin`` is what the user wrote it as, for error messages."""
+
+    origin: str
+
+    def __new__(cls, text: str, origin: str) -> Typed:
+        obj = super().__new__(cls, text)
+        obj.origin = origin
+        return obj
+
+
+_NULL_TEXTS = frozenset({"", "null", "~"})  # YAML's spellings of "unset"
+_TRUE_TEXTS = frozenset({"true", "yes", "on", "1"})
+_FALSE_TEXTS = frozenset({"false", "no", "off", "0"})
+_INT_TEXT = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z", re.ASCII)
+_NONFINITE_TEXTS = frozenset({"inf", "+inf", "-inf", ".inf", "+.inf", "-.inf", "nan", ".nan", "infinity",
+                              "+infinity", "-infinity"})
+
+
+def _origin(value: Any) -> str | None:
+    """Where a typed value (or the first one inside a section) came from, as the user wrote it."""
+    if isinstance(value, Typed):
+        return value.origin
+    if isinstance(value, Mapping):
+        return next((o for o in map(_origin, value.values()) if o is not None), None)
+    return None
+
+
+def _typed_mapping(value: Typed) -> Any:
+    """A section given as one value (``--set budget={max_total_restarts: 5}``): read as YAML."""
     try:
-        return yaml.load(text, Loader=_StrictLoader)  # no aliases: a value cannot expand to gigabytes
+        return yaml.load(str(value), Loader=_StrictLoader)  # no aliases: a value cannot expand to gigabytes
     except (yaml.YAMLError, RecursionError, ValueError):  # ValueError: an int of over 4300 digits
-        return text
+        return str(value)
+
+
+def _typed_items(text: str) -> list[Typed | str]:
+    """``TERM,USR1``, ``TERM USR1`` or ``[TERM, USR1]`` as the items of a list; ``[]`` is none."""
+    origin = text.origin if isinstance(text, Typed) else ""
+    body = text.strip()
+    if body.startswith("[") and body.endswith("]"):
+        body = body[1:-1]
+    items = [v.strip().strip("'\"") for v in re.split(r"[,\s]+", body)]
+    return [Typed(v, origin) for v in items if v]
 
 
 _NONE_TYPE = type(None)
@@ -377,10 +420,12 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None and _NONE_TYPE in args:
+        if _NONE_TYPE in args and (value is None or (isinstance(value, Typed) and value.lower() in _NULL_TEXTS)):
             return None
         inner = [a for a in args if a is not _NONE_TYPE]
         return _coerce(key, value, inner[0], source)
+    if isinstance(value, Typed):
+        value = _read_typed(key, value, hint, source)
     if hint is bool:
         if isinstance(value, bool):
             return value
@@ -412,7 +457,9 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
             raise _error(key, value, "must not contain a NUL character", source)
         return value
     if origin is tuple:
-        if isinstance(value, str):
+        if isinstance(value, Typed):
+            value = _typed_items(value)
+        elif isinstance(value, str):
             value = [v for v in re.split(r"[,\s]+", value) if v]
         if not isinstance(value, (list, tuple)):
             raise _error(key, value, "expected a list", source)
@@ -426,6 +473,52 @@ def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
     raise _error(key, value, f"unsupported type {hint}", source)
 
 
+def _read_typed(key: str, value: Typed, hint: Any, source: str) -> Any:
+    """Text from the environment or ``--set`` read as the declared type; text that is not one is
+    refused by :func:`_coerce` with the text shown as typed."""
+    text = value.strip()
+    low = text.lower()
+    if hint is bool:
+        if low in _TRUE_TEXTS:
+            return True
+        if low in _FALSE_TEXTS:
+            return False
+        raise _error(key, str(value), "expected true or false", source)
+    if hint is int:
+        if _INT_TEXT.match(text) and len(text) <= 20:
+            return int(text, 10)
+        return str(value)  # refused below as "expected a whole number", shown as typed
+    if hint is float:
+        if low in _NONFINITE_TEXTS:
+            return float(low.replace(".", ""))  # refused below: "expected a finite number"
+        if _INT_TEXT.match(text) and len(text) <= 20:
+            return int(text, 10)  # the 2**53 bound below applies
+        if _FLOAT_TEXT.match(text) and len(text) <= 400:
+            return float(text)
+        return str(value)
+    if hint is str:
+        quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
+        return text[1:-1] if quoted else str(value)  # quotes as in YAML: name="0123" is 0123 too
+    if typing.get_origin(hint) is tuple or (isinstance(hint, type) and issubclass(hint, Enum)):
+        return value  # a list of text items, or a name
+    return _typed_mapping(value)
+
+
+def _source(value: Any, layer: str) -> str:
+    """The layer, sharpened to the variable for the environment: ``environment variable SUPERVISE_X``."""
+    origin = _origin(value)
+    return f"environment variable {origin}" if origin and layer == "environment" else layer
+
+
+def _plain_text(value: Any) -> Any:
+    """A value as typed, for a message (the :class:`Typed` wrapper is an implementation detail)."""
+    if isinstance(value, Typed):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {k: _plain_text(v) for k, v in value.items()}
+    return value
+
+
 def _build_dataclass(cls: type, data: Mapping[str, Any], prefix: str, source: str) -> Any:
     if not isinstance(data, Mapping):
         raise _error(prefix.rstrip(".") or "<top>", data, "expected a mapping of keys", source)
@@ -434,7 +527,8 @@ def _build_dataclass(cls: type, data: Mapping[str, Any], prefix: str, source: st
     for key in data:
         if key not in known:
             allowed = ", ".join(sorted(known))
-            raise _error(f"{prefix}{key}", data[key], f"unknown key; known keys: {allowed}", source)
+            raise _error(f"{prefix}{key}", _plain_text(data[key]), f"unknown key; known keys: {allowed}",
+                         _source(data[key], source))
     kwargs: dict[str, Any] = {}
     for name in known:
         if name not in data:
@@ -442,12 +536,16 @@ def _build_dataclass(cls: type, data: Mapping[str, Any], prefix: str, source: st
         hint = hints[name]
         key = f"{prefix}{name}"
         value = data[name]
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            kwargs[name] = _build_dataclass(hint, {} if value is None else value, key + ".", source)
+        where = _source(value, source)
+        section = isinstance(hint, type) and dataclasses.is_dataclass(hint)
+        if isinstance(value, Typed) and (section or name == "policy"):
+            value = _typed_mapping(value)  # a whole section in one value
+        if section:
+            kwargs[name] = _build_dataclass(hint, {} if value is None else value, key + ".", where)
         elif name == "policy":
-            kwargs[name] = _build_policy(value, key, source)
+            kwargs[name] = _build_policy(value, key, where)
         else:
-            kwargs[name] = _coerce(key, value, hint, source)
+            kwargs[name] = _coerce(key, value, hint, where)
     return cls(**kwargs)
 
 
@@ -633,7 +731,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX) or name == "SUPERVISE_CONFIG" or name in NotifyConfig.ENV_VARS:
             continue
         dotted = name[len(ENV_PREFIX):].lower().replace("__", ".")
-        _set_dotted(out, dotted, _parse_scalar(raw), source="environment", shown=name)
+        _set_dotted(out, dotted, Typed(raw, name), source="environment", shown=name)
     return out
 
 
@@ -656,7 +754,7 @@ def load_config(
         if "=" not in item:
             raise _error("--set", item, "expected KEY=VALUE, e.g. budget.max_total_restarts=5")
         key, _, raw = item.partition("=")
-        _set_dotted(flags, key.strip(), _parse_scalar(raw), source="--set", shown=item)
+        _set_dotted(flags, key.strip(), Typed(raw, f"--set {key.strip()}"), source="--set", shown=item)
     layers.append(("command line", flags))
 
     merged: dict[str, Any] = {}

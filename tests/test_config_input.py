@@ -11,6 +11,7 @@ from helpers import run_supervise
 
 from supervisor.config import load_config, read_yaml
 from supervisor.errors import ConfigError, ExitCode
+from supervisor.states import FailureClass
 
 # (file content, what the message must name)
 BAD_FILES = [
@@ -85,7 +86,7 @@ BAD_SETS = [
     ("stall timeout=1", "dotted key"),
     ("novalue", "KEY=VALUE"),
     ("stall_timeout=.inf", "finite"),
-    ("stall_timeout=inf", "expected a number"),  # YAML's infinity is .inf; "inf" is a string
+    ("stall_timeout=inf", "finite"),  # read as the declared float: infinity, refused as such
     ("stall_timeout=.nan", "finite"),
     ("stall_timeout=-1", ">= 0"),
     ("stall_timeout=" + "9" * 100_000, "characters"),  # a huge value is shown cut, on one line
@@ -149,3 +150,46 @@ def test_the_command_line_says_one_line_and_exits_2(tmp_path: Path, args: list[s
         assert len(lines) == 1 and lines[0].startswith("supervise: error:"), out.stderr
         assert "Traceback" not in out.stderr
     assert not (run_dir / "supervisor" / "events.jsonl").exists()  # nothing was started
+
+
+# ------------------------------------------------------------------ values read by the declared type (issue 26)
+
+
+def test_set_and_environment_values_keep_the_declared_type() -> None:
+    """YAML 1.1 would read ``0123`` as 83 and ``12:30`` as 750: a name is text, whatever it looks like."""
+    cfg = load_config(None, environ={"SUPERVISE_CHECKPOINT_DIR": "12:30", "SUPERVISE_TERM_TIMEOUT": "12",
+                                     "SUPERVISE_QUARANTINE": "no"},
+                      sets=("name=0123", "budget.max_total_restarts=007", "preemption.margin=2.5",
+                            "preemption.signals=TERM,USR1", "policy.native_crash=stop",
+                            "budget.max_steps_lost=null"))
+    assert cfg.name == "0123" and cfg.checkpoint_dir == "12:30"
+    assert (cfg.term_timeout, cfg.budget.max_total_restarts, cfg.preemption.margin) == (12.0, 7, 2.5)
+    assert cfg.quarantine is False and cfg.budget.max_steps_lost is None
+    assert cfg.preemption.signals == ("TERM", "USR1")
+    assert cfg.policy_for(FailureClass.NATIVE_CRASH).action.value == "stop"
+    assert load_config(None, environ={}, sets=("name=true",)).name == "true"
+
+
+@pytest.mark.parametrize(("item", "named"), [
+    ("budget.max_total_restarts=12:30", "whole number"),
+    ("budget.max_total_restarts=2.5", "whole number"),
+    ("stall_timeout=soon", "expected a number"),
+    ("quarantine=maybe", "true or false"),
+])
+def test_a_value_not_of_the_declared_type_is_refused_as_typed(item: str, named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, environ={}, sets=(item,))
+    assert named in str(caught.value) and repr(item.partition("=")[2]) in str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["SUPERVISE_STALLTIMEOUT", "SUPERVISE_BUDGET__NO_SUCH_LIMIT"])
+def test_an_unknown_environment_variable_is_named_as_written(name: str) -> None:
+    with pytest.raises(ConfigError, match="unknown key") as caught:
+        load_config(None, environ={name: "60"})
+    assert name in str(caught.value)
+
+
+def test_a_bad_environment_value_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, environ={"SUPERVISE_STALL_TIMEOUT": "12:30"})
+    assert "SUPERVISE_STALL_TIMEOUT" in str(caught.value) and "'12:30'" in str(caught.value)

@@ -5,6 +5,7 @@ quarantine of a torn last.ckpt, and the resume from the newest valid step checkp
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,21 @@ def test_demo_shows_restart_emergency_save_requeue_quarantine_and_resume(tmp_pat
     resume = [r for r in by("resume_point") if r["attempt"] == 3][0]
     assert resume["step"] == emergency["step"] and Path(resume["path"]).name == f"step={emergency['step']}.ckpt"
     assert "CORRUPT_last.ckpt" in out and "emergency save" in out
+
+    # Its report fits 100 columns when written to a file or a pipe (no COLUMNS, not a terminal), and
+    # the fitted text lost nothing: every word of the wide layout is still there.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    fitted = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run_dir)], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path, env=env)
+    wide = subprocess.run([sys.executable, "-m", "supervisor", "report", str(run_dir)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env={**env, "COLUMNS": "1000"})
+    assert fitted.returncode == 0 and wide.returncode == 0, fitted.stderr
+    too_long = [line for line in fitted.stdout.splitlines() if len(line) > 100]
+    assert not too_long, too_long
+    assert any(len(line) > 100 for line in wide.stdout.splitlines())  # the demo's report does need fitting
+    assert _characters(fitted.stdout) == _characters(wide.stdout)  # wrapped, nothing cut
+
+
+def _characters(text: str) -> list[str]:
+    """The text's characters, layout aside: no spaces, no rules (their length follows the width)."""
+    return sorted(c for c in text if not c.isspace() and c not in "-=")

@@ -323,7 +323,7 @@ def test_checkpoint_health_table_and_quarantined_files_with_reasons(tmp_path: Pa
     assert q["level"] == info["quarantine"].level
     assert q["on_disk"] is True and q["sidecar"] is True
     assert q["size"] == info["corrupt"].stat().st_size
-    text = render_text(build_report(rd))
+    text = render_text(build_report(rd), width=1000)  # the content; the fit to 100 columns: test_textfit.py
     assert "CORRUPT_step=320.ckpt.1001" in text and info["quarantine"].reason[:40] in text
 
 
@@ -413,7 +413,7 @@ def test_killed_supervisor_attempt_without_end_gets_derived_losses(tmp_path: Pat
 
 
 def test_text_report_is_aligned_and_names_the_first_failure(run_dir: Path) -> None:
-    text = render_text(build_report(run_dir))
+    text = render_text(build_report(run_dir), width=1000)  # one line a row: wide enough not to wrap
     lines = text.splitlines()
     header = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("#  job"))
     rows = lines[header + 2: header + 5]
@@ -570,8 +570,12 @@ def test_status_of_a_live_run(tmp_path: Path, base_manifest: dict) -> None:
     assert view.last_checkpoint["step"] == 400 and view.checkpoint_age == 110.0
     assert view.restarts == 1 and view.requeues == 1 and view.steps_lost == 52 + 120  # the torn save's 120
     assert view.last_failure["class"] == "native_crash" and view.last_failure["step"] == 250
+    # A preemption now loses the steps past the newest durable point (step 400), at the rate seen.
+    assert view.at_risk_steps == 100 and view.at_risk_time == 50.0
+    assert view.loss is None and view.max_step is None and view.eta is None  # nothing reported: nothing guessed
     text = render_status(view)
     assert "state: running" in text and "step 500, 2 steps/s" in text
+    assert "a preemption now would lose 100 step(s) (~50s of training)" in text
 
 
 def test_status_of_a_dead_supervisor_and_of_another_host(tmp_path: Path, base_manifest: dict) -> None:

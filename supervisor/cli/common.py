@@ -17,12 +17,14 @@ from ..textsafe import printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger("supervisor")
+# The date too: a Slurm job's log spans days (requeues, multi-day trainings), and a time alone repeats.
+LOG_TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
 
 
 def setup_logging(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2) if verbose else logging.INFO
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("[supervise %(asctime)s] %(message)s", "%H:%M:%S"))
+    handler.setFormatter(logging.Formatter("[supervise %(asctime)s] %(message)s", LOG_TIME_FORMAT))
     handler.addFilter(_redact_record)  # stderr lands in Slurm's output file, often readable by all
     root = logging.getLogger("supervisor")
     root.handlers[:] = [handler]

@@ -142,11 +142,10 @@ def _fmt(value: Any) -> str:
 
 
 def _table(rows: list[list[str]], headers: list[str]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    for r in rows:
-        out.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    return "\n".join(out)
+    """Aligned, and fitted to COLUMNS (else the terminal, else 100): wide cells wrap, none is cut."""
+    from ..report.textfit import columns, fit_table
+
+    return "\n".join(fit_table(headers, rows, columns(), indent=""))
 
 
 def _results_check_json(check: Any) -> dict[str, Any] | None:

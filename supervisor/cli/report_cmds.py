@@ -45,6 +45,7 @@ def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | No
     """
     from ..report import build_report
     from ..report.render import render_markdown, render_text
+    from ..report.textfit import columns
 
     if as_json and as_markdown:
         raise UsageError("choose one of --json and --markdown")
@@ -77,7 +78,7 @@ def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | No
     elif as_markdown:
         click.echo(render_markdown(rep), nl=False)
     else:
-        click.echo(render_text(rep), nl=False)
+        click.echo(render_text(rep, columns()), nl=False)
     if plot_error is not None:
         click.echo(f"supervise: error: {plot_error}", err=True)
         sys.exit(ExitCode.USAGE)
@@ -99,9 +100,11 @@ def _write_atomically(path: Path, text: str) -> None:
 WATCH_HELP = """\b
 With --watch the view is redrawn every --interval seconds until Ctrl-C
 (or SIGTERM), which quits cleanly with exit 0: Ctrl-C is how a watch ends,
-not an error. A run that has ended is still watched (the view says so),
-since a requeued or restarted run writes on. With --json, --watch prints
-one JSON object per refresh (JSON Lines).
+not an error. On a terminal it is redrawn in place; to a file or a pipe
+each refresh is one line. A run that has ended is still watched (the view
+says so), since a requeued or restarted run writes on. With --json, --watch
+prints one JSON object per refresh (JSON Lines). The text fits COLUMNS
+(else the terminal, else 100 columns).
 """
 
 
@@ -113,11 +116,12 @@ one JSON object per refresh (JSON Lines).
               help="Seconds between refreshes with --watch.")
 @handle_errors
 def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
-    """One screen on a running or finished run: alive?, current attempt, step and rate, last
-    checkpoint, time left to the grace deadline during a stop notice, restarts, steps lost so far,
-    last failure."""
+    """One screen on a running or finished run: alive?, current attempt, step, loss, rate and ETA,
+    last checkpoint, what a preemption now would cost, time left to the grace deadline during a stop
+    notice, restarts, steps lost so far, last failure."""
     from ..report import resolve_run_dir
     from ..report.render import render_status
+    from ..report.textfit import columns
 
     paths = resolve_run_dir(run_dir)
     if not watch:
@@ -125,7 +129,7 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
         if as_json:
             echo_json(view.to_json())
         else:
-            click.echo(render_status(view), nl=False)
+            click.echo(render_status(view, columns()), nl=False)
         return
     # Ctrl-C ends the watch even when the shell that started it ignored SIGINT (a background job);
     # SIGTERM (`timeout`, a closing tmux pane) ends it the same way.
@@ -152,13 +156,24 @@ def _status_view(run_dir: Path) -> StatusView:
     return summarize_status(rep, live.alive, safe_text(live.reason), safe_value(live.owner), now=time.time())
 
 
-CLEAR_SCREEN = "\x1b[H\x1b[2J"
+# A TTY frame overwrites the last one in place: cursor home, each line cleared to its end, the rest
+# of the screen cleared below the frame. Never the whole screen: that blanks it between frames (flicker).
+CURSOR_HOME = "\x1b[H"
+CLEAR_TO_EOL = "\x1b[K"
+CLEAR_BELOW = "\x1b[J"
+
+
+def tty_frame(text: str) -> str:
+    """``text`` drawn over the previous frame without blanking the screen first."""
+    return CURSOR_HOME + "".join(line + CLEAR_TO_EOL + "\n" for line in text.splitlines()) + CLEAR_BELOW
 
 
 def _watch(run_dir: Path, interval: float, as_json: bool) -> None:
-    """Redraw until interrupted. A refresh that cannot read the run (moved, being rewritten) shows
-    why and tries again at the next tick; only Ctrl-C ends the watch."""
-    from ..report.render import render_status
+    """Redraw until interrupted: in place on a terminal, one line per refresh to a file or pipe.
+    A refresh that cannot read the run (moved, being rewritten) shows why and tries again at the
+    next tick; only Ctrl-C ends the watch."""
+    from ..report.render import render_status, status_line
+    from ..report.textfit import columns
 
     tty = sys.stdout.isatty()
     while True:
@@ -171,14 +186,18 @@ def _watch(run_dir: Path, interval: float, as_json: bool) -> None:
         if as_json:
             data = view.to_json() if view is not None else {"error": problem}
             click.echo(json.dumps({"refreshed": time.time(), **data}, default=str))
+        elif not tty:
+            when = time.strftime("%Y-%m-%d %H:%M:%S")
+            click.echo(status_line(view, when) if view is not None else f"{when} cannot read the run: {problem}")
         else:
             head = f"supervise status --watch: refreshed {stamp}, every {interval:g}s; Ctrl-C quits"
             if view is not None and view.state == "requeued":
                 head += "\nhanded back to Slurm: the view goes on when the job starts again"
             elif view is not None and view.state != "running" and view.outcome is not None:
                 head += f"\nrun ended ({view.outcome}): nothing changes unless the run is started again"
-            body = render_status(view) if view is not None else f"cannot read the run: {problem}\n"
-            click.echo((CLEAR_SCREEN if tty else "") + head + "\n\n" + body, nl=not tty)
+            width = columns()
+            body = render_status(view, width) if view is not None else f"cannot read the run: {problem}\n"
+            click.echo(tty_frame(head + "\n\n" + body), nl=False)
         sys.stdout.flush()
         time.sleep(interval)
 

@@ -56,10 +56,13 @@ class SupervisorCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)
+        # state.max_steps: the optimizer step the Trainer ends at (`supervise status` shows the ETA)
+        total = {"max_steps": int(state.max_steps)} if isinstance(state.max_steps, int) and state.max_steps > 0 \
+            else {}
         if self._loss is None:
-            client.heartbeat(step)
+            client.heartbeat(step, **total)
         else:
-            client.heartbeat(step, loss=self._loss)
+            client.heartbeat(step, loss=self._loss, **total)
         if _any_rank(client.should_stop(), args.device):
             wanted = emergency_save_wanted() if state.is_world_process_zero else False
             if _any_rank(wanted, args.device) and not control.should_save:

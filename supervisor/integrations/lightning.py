@@ -98,6 +98,7 @@ class _CallbackLogic:
         self.last_saved_step: int | None = None
         self.stopped_on_notice = False
         self.emergency_path: str | None = None
+        self._max_steps: dict[str, int] = {}  # {"max_steps": N} once known: `supervise status` shows the ETA
 
     # set-up ----------------------------------------------------------------------------------
 
@@ -125,6 +126,7 @@ class _CallbackLogic:
         if trainer.ckpt_path and trainer.is_global_zero:
             print(f"resumed from {trainer.ckpt_path} at step {step}", flush=True)
         client.resumed(step)
+        self._max_steps = _max_steps_of(trainer)
 
     def _own_notice_signals(self) -> None:
         """Replace Lightning's SIGTERM handler (registered just before fit) by the client's, without
@@ -145,9 +147,9 @@ class _CallbackLogic:
         step = int(trainer.global_step)
         loss = _loss_of(outputs)
         if loss is None:
-            client.heartbeat(step)
+            client.heartbeat(step, **self._max_steps)
         else:
-            client.heartbeat(step, loss=loss)
+            client.heartbeat(step, loss=loss, **self._max_steps)
         if batch_idx % self.stop_check_every:
             return
         if not trainer.strategy.reduce_boolean_decision(client.should_stop(), all=False):
@@ -215,6 +217,19 @@ def make_deepspeed_saves_atomic(strategy: Any, owner: _CallbackLogic | None = No
 
     strategy.save_checkpoint = save_checkpoint
     strategy._supervisor_atomic_saves = True
+
+
+def _max_steps_of(trainer: Any) -> dict[str, int]:
+    """The optimizer step the fit ends at: ``max_steps`` when set, else Lightning's estimate from the
+    epochs and batches (unknown for an endless loader: then nothing is sent)."""
+    for source in ("max_steps", "estimated_stepping_batches"):
+        try:
+            value = getattr(trainer, source)
+        except Exception:  # noqa: BLE001 - an estimate Lightning cannot make must not break training
+            continue
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 2**53:
+            return {"max_steps": int(value)}
+    return {}
 
 
 def _loss_of(outputs: Any) -> Any:

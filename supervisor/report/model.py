@@ -11,6 +11,7 @@ nodes that successive requeues land on may disagree.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -63,6 +64,8 @@ class AttemptRow:
     last_durable_step: int | None = None
     last_rate: float | None = None  # steps/s in the newest progress event
     last_progress_ts: float | None = None
+    last_loss: float | None = None  # the loss in the newest progress event that carried one
+    max_step: int | None = None  # the step the training ends at (its client's report, else the config's)
     saves_ok: int = 0
     saves_failed: int = 0
     exit_code: int | None = None
@@ -317,6 +320,8 @@ class _Acc:
     first_reported: int | None = None
     last_rate: float | None = None
     last_progress_ts: float | None = None
+    last_loss: float | None = None
+    max_step: int | None = None
     notice: bool = False
     failure: dict[str, Any] | None = None
     decision: str | None = None
@@ -438,6 +443,9 @@ class _Walk:
             acc.steps.append((ev.ts, step, "progress"))
             acc.last_rate = as_float(ev.get("rate"))
             acc.last_progress_ts = ev.ts
+            loss, max_step = as_float(ev.get("loss")), as_int(ev.get("max_step"))
+            acc.last_loss = loss if loss is not None and math.isfinite(loss) else acc.last_loss
+            acc.max_step = max_step if max_step is not None and max_step > 0 else acc.max_step
 
     def on_resumed(self, ev: Event, acc: _Acc) -> None:
         step = as_int(ev.get("step"))
@@ -582,7 +590,8 @@ def _attempt_row(record: AttemptRecord, acc: _Acc | None, sessions: list[_Sessio
         start=record.start, end=record.end, duration=duration,
         resume_path=record.resume_path, resume_step=record.resume_step,
         first_step=record.first_step, last_step=record.last_step, last_durable_step=record.last_durable_step,
-        last_rate=acc.last_rate, last_progress_ts=acc.last_progress_ts,
+        last_rate=acc.last_rate, last_progress_ts=acc.last_progress_ts, last_loss=acc.last_loss,
+        max_step=acc.max_step,
         saves_ok=acc.saves_ok, saves_failed=acc.saves_failed,
         exit_code=record.exit_code,
         signal=signal_name(record.signal) if record.signal is not None else None,

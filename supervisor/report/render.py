@@ -13,6 +13,7 @@ from typing import Any
 
 from .model import AttemptRow, Report
 from .status import StatusView
+from .textfit import DEFAULT_COLUMNS, fit_table, wrap
 
 EVIDENCE_WIDTH = 160
 
@@ -293,27 +294,24 @@ def event_lines(report: Report) -> list[str]:
 # Block renderers
 
 
-def _text_table(b: Block) -> list[str]:
-    widths = [max(len(h), *(len(r[i]) for r in b.rows)) if b.rows else len(h) for i, h in enumerate(b.headers)]
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()
-    return ["  " + line(b.headers), "  " + line(["-" * w for w in widths])] + ["  " + line(r) for r in b.rows]
-
-
-def to_text(blocks: Sequence[Block]) -> str:
+def to_text(blocks: Sequence[Block], width: int = DEFAULT_COLUMNS) -> str:
+    """Plain text in at most ``width`` columns (``textfit``): paragraphs and list items wrap, tables
+    narrow their widest columns and wrap those cells."""
     out: list[str] = []
     for b in blocks:
         if b.kind == "h":
             if out:
                 out.append("")
-            out.append(b.text)
-            out.append("=" * len(b.text) if not out[:-1] else "-" * len(b.text))
+            heading = wrap(b.text, width)
+            out.extend(heading)
+            out.append(("=" if not out[:-len(heading)] else "-") * max(len(line) for line in heading))
         elif b.kind == "p":
-            out.append(b.text)
+            out.extend(wrap(b.text, width))
         elif b.kind == "list":
-            out.extend(f"  - {item}" for item in b.items)
+            for item in b.items:
+                out.extend(wrap(item, width, "  - ", "    "))
         elif b.kind == "table":
-            out.extend(_text_table(b))
+            out.extend(fit_table(b.headers, b.rows, width))
     return "\n".join(out) + "\n"
 
 
@@ -342,8 +340,8 @@ def to_markdown(blocks: Sequence[Block]) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def render_text(report: Report) -> str:
-    return to_text(report_blocks(report))
+def render_text(report: Report, width: int = DEFAULT_COLUMNS) -> str:
+    return to_text(report_blocks(report), width)
 
 
 def render_markdown(report: Report) -> str:
@@ -361,8 +359,7 @@ def status_blocks(view: StatusView) -> list[Block]:
         lines.append(f"attempt {view.attempt} (job {view.job_id or '-'}, {view.host or '-'}), "
                      f"started {fmt_ts(view.attempt_start)}{age}")
     if view.last_step is not None:
-        rate = f", {view.rate:.3g} steps/s" if view.rate is not None else ""
-        lines.append(f"step {view.last_step}{rate}, reported {fmt_duration(view.progress_age)} ago")
+        lines.append(f"{_training_text(view)}, reported {fmt_duration(view.progress_age)} ago")
     else:
         lines.append("no step reported yet")
     if view.notice_ts is not None:
@@ -375,6 +372,8 @@ def status_blocks(view: StatusView) -> list[Block]:
                      f"{fmt_duration(view.checkpoint_age)} ago")
     else:
         lines.append("no checkpoint saved yet")
+    if view.at_risk_steps is not None:
+        lines.append(f"a preemption now would lose {_risk_text(view)} (without an emergency save)")
     lines.append(f"restarts {view.restarts}, requeues {view.requeues}, steps lost so far {view.steps_lost}, "
                  f"wall time lost {fmt_duration(view.wall_lost)}")
     if view.last_failure:
@@ -391,6 +390,23 @@ def status_blocks(view: StatusView) -> list[Block]:
     return blocks
 
 
+def _training_text(view: StatusView) -> str:
+    """``step 250/1000, loss 0.531, 6.5 steps/s, ETA 1m55s``: what is known of it."""
+    parts = [f"step {view.last_step}" + (f"/{view.max_step}" if view.max_step is not None else "")]
+    if view.loss is not None:
+        parts.append(f"loss {view.loss:.4g}")
+    if view.rate is not None:
+        parts.append(f"{view.rate:.3g} steps/s")
+    if view.eta is not None:
+        parts.append(f"ETA {fmt_duration(view.eta)}")
+    return ", ".join(parts)
+
+
+def _risk_text(view: StatusView) -> str:
+    time_text = f" (~{fmt_duration(view.at_risk_time)} of training)" if view.at_risk_time is not None else ""
+    return f"{view.at_risk_steps} step(s){time_text}"
+
+
 def _deadline_text(deadline: float | None, left: float | None) -> str:
     """The grace clock as a person reads it: how long is left, or how long ago it ran out."""
     if deadline is None:
@@ -402,5 +418,24 @@ def _deadline_text(deadline: float | None, left: float | None) -> str:
     return f"grace deadline passed {fmt_duration(-left)} ago ({fmt_ts(deadline)})"
 
 
-def render_status(view: StatusView) -> str:
-    return to_text(status_blocks(view))
+def render_status(view: StatusView, width: int = DEFAULT_COLUMNS) -> str:
+    return to_text(status_blocks(view), width)
+
+
+def status_line(view: StatusView, stamp: str) -> str:
+    """The view as one line, for a watch whose output is a file or a pipe (one line per refresh,
+    grep-able; not cut to a width: a line is a record)."""
+    head = f"{stamp} {view.state}" + (f", attempt {view.attempt}" if view.attempt is not None else "")
+    parts = [head + (f": {_training_text(view)}" if view.last_step is not None else ": no step reported yet")]
+    if view.last_checkpoint:
+        parts.append(f"saved step {_cell(view.last_checkpoint.get('step'))} {fmt_duration(view.checkpoint_age)} ago")
+    else:
+        parts.append("nothing saved yet")
+    if view.at_risk_steps is not None:
+        parts.append(f"preemption now loses {_risk_text(view)}")
+    if view.notice_ts is not None:
+        parts.append(f"STOP NOTICE ({view.notice_signal or '?'}): "
+                     + _deadline_text(view.notice_deadline, view.deadline_left))
+    if view.outcome:
+        parts.append(f"run ended ({view.outcome}): {view.reason or '-'}")
+    return "; ".join(parts)

@@ -64,6 +64,8 @@ class AttemptState:
     exclude: set[str] = field(default_factory=set)  # nodes to keep away from on a requeue (slow node, failed GPU)
     requeue_reason: str | None = None  # the supervisor stopped the attempt to come back elsewhere (slow node)
     last_progress_event_at: float = 0.0
+    last_loss: float | None = None  # the newest loss a rank-0 heartbeat carried (for `supervise status`)
+    max_step: int | None = None  # the last step the training will run, as its client reported it
     saved_elsewhere: tuple[str, int | None] | None = None  # (path, step): the output named a save outside the dir
     saves_elsewhere: int = 0  # how many such lines were recorded (bounded)
     resume_output: str | None = None  # an output line that showed the training load a checkpoint

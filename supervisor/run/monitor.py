@@ -9,6 +9,7 @@ stop machine. Every wait is the waker's, so a signal ends it at once.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -221,7 +222,27 @@ def observe_step(ctx: RunContext, child: Any, state: AttemptState, w: Watch, ste
     if now - state.last_progress_event_at >= ctx.cfg.progress_event_interval:
         state.last_progress_event_at = now
         ctx.emit(Ev.PROGRESS, attempt=state.attempt, step=state.last_step, rate=w.progress.rate(now),
-                 source=state.step_source)
+                 source=state.step_source, **progress_extras(state, ctx.cfg.max_steps))
+
+
+def _whole(value: Any) -> int | None:
+    """A metric that must be a step (``max_steps``): an int, or a float with no fraction (tensors
+    and numpy scalars arrive as floats)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    return value if valid_step(value) else None
+
+
+def progress_extras(state: AttemptState, configured_max: int | None) -> dict[str, Any]:
+    """What `supervise status` shows besides the step and rate: the newest finite loss, and the step
+    the training ends at (the client's own report wins over the config's ``max_steps``)."""
+    extras: dict[str, Any] = {}
+    if state.last_loss is not None and math.isfinite(state.last_loss):
+        extras["loss"] = state.last_loss
+    max_step = state.max_step if state.max_step is not None else configured_max
+    if max_step is not None:
+        extras["max_step"] = max_step
+    return extras
 
 
 def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: int, *,
@@ -290,10 +311,17 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
             if msg.rank not in (None, 0):
                 w.progress.touch(now)  # other ranks prove liveness; rank 0 owns the step
                 continue
+            metrics = f.get("metrics") if isinstance(f.get("metrics"), dict) else {}
+            raw_loss = metrics.get("loss")
+            loss = float(raw_loss) if isinstance(raw_loss, (int, float)) and not isinstance(raw_loss, bool) else None
+            if loss is not None:
+                state.last_loss = loss
+            reported_max = _whole(metrics.get("max_steps"))
+            if reported_max is not None and reported_max > 0:
+                state.max_step = reported_max
             observe_step(ctx, child, state, w, f["step"], now, "client")
-            loss = (f.get("metrics") or {}).get("loss") if isinstance(f.get("metrics"), dict) else None
-            if isinstance(loss, (int, float)) and not isinstance(loss, bool):
-                check_loss(ctx, child, state, w, f["step"], float(loss), msg.host)
+            if loss is not None:
+                check_loss(ctx, child, state, w, f["step"], loss, msg.host)
         elif kind == "resumed" and valid_step(f.get("step")):
             state.reported_resume_step = f["step"]
             if state.first_step is None:  # the child says where it starts: its first step
