@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .accounting import AccountingState, AccountingView, Agreement, HistoryRow
 from .model import AttemptRow, Report
 from .status import StatusView
 
@@ -175,6 +176,7 @@ def report_blocks(report: Report) -> list[Block]:
         if mism:
             blocks.append(_p("Resume audit failed:"))
             blocks.append(_list(mism))
+    blocks.extend(accounting_blocks(report.accounting))
 
     blocks.append(_h("Verdict"))
     v = report.verdict
@@ -287,6 +289,74 @@ def event_lines(report: Report) -> list[str]:
     if not lines:
         lines.append("no notices, requeues, stalls, slowdowns or loss anomalies")
     return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm's own history (report/accounting.py): its own section, 100 columns at most in text
+
+ACCOUNTING_WIDTH = 100
+# Cell widths of the history table: with two spaces between columns and the indent, the widest
+# possible line is ACCOUNTING_WIDTH (tests/test_report_accounting.py checks it on over-long values).
+_HISTORY_COLUMNS = (("job", 9), ("rst", 3), ("state", 10), ("start", 11), ("end", 11), ("elapsed", 6),
+                    ("node", 9), ("exit", 5), ("reason", 9), ("attempts", 7))
+AGREEMENT_MARK = {Agreement.MATCHED: "", Agreement.NOT_STARTED: "(never ran)",
+                  Agreement.SLURM_ONLY: "NONE!", Agreement.SUPERVISOR_ONLY: "!"}
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _history_end(row: HistoryRow) -> str:
+    if row.end is None:
+        return "-"
+    same_day = row.start is not None and time.localtime(row.start)[:3] == time.localtime(row.end)[:3]
+    return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M", time.localtime(row.end))
+
+
+def history_cells(row: HistoryRow) -> tuple[str, ...]:
+    """One line of the history table, each cell cut to its column's width."""
+    if row.agreement is Agreement.SUPERVISOR_ONLY:
+        slurm = ("(no record)", "-", "-", "-", "-", "-", "-")
+    else:
+        start = "-" if row.start is None else time.strftime("%m-%d %H:%M", time.localtime(row.start))
+        slurm = (row.state or "-", start, _history_end(row), fmt_duration(row.elapsed), row.nodes or "-",
+                 row.exit_code or "-", row.reason or "-")
+    attempts = ",".join(map(str, row.attempts)) if row.attempts else ("-" if row.sessions else "")
+    mark = AGREEMENT_MARK[row.agreement]
+    attempts = f"{attempts} {mark}".strip() if mark != "NONE!" else mark
+    cells = (row.job_id, _cell(row.restart), *slurm, attempts or "-")
+    return tuple(_fit(c, w) for c, (_, w) in zip(cells, _HISTORY_COLUMNS))
+
+
+def _wrapped(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=ACCOUNTING_WIDTH - 4, subsequent_indent="    ")
+
+
+def accounting_blocks(view: AccountingView | None) -> list[Block]:
+    """Slurm's history beside the attempts, or the one line saying why there is none. Nothing when
+    the history was not asked for or the run never ran under Slurm."""
+    if view is None or view.state in (AccountingState.SKIPPED, AccountingState.NOT_SLURM):
+        return []
+    if view.state is AccountingState.UNAVAILABLE:
+        return [_p(_fit(f"Slurm's history: not available ({view.reason}); the attempts are the supervisor's "
+                        "record only", ACCOUNTING_WIDTH))]
+    blocks = [_h("Slurm's history (sacct)")]
+    if not view.rows:
+        blocks.append(_p(_fit(f"sacct has no record of job(s) {', '.join(view.job_ids)}", ACCOUNTING_WIDTH)))
+        return blocks
+    blocks.append(_p("Each run of the job as Slurm counted it (rst: its restart count), with the supervisor's "
+                     "attempts in it."))
+    blocks.append(_table([h for h, _ in _HISTORY_COLUMNS], [history_cells(r) for r in view.rows]))
+    bad = view.disagreements
+    if bad:
+        blocks.append(_p(f"Disagreements ({len(bad)}):"))
+        blocks.append(_list([_wrapped(f"job {r.job_id} restart {_cell(r.restart)}: {r.note}") for r in bad]))
+    else:
+        blocks.append(_p("Slurm and the supervisor agree: every run Slurm counted has its supervisor session."))
+    return blocks
 
 
 # ---------------------------------------------------------------------------------------------
