@@ -726,7 +726,7 @@ _AGREEMENT_BADGE = {Agreement.MATCHED: ("agrees", "ok"), Agreement.NOT_STARTED: 
 def _history_row(r: HistoryRow) -> tuple[Any, ...]:
     text, kind = _AGREEMENT_BADGE[r.agreement]
     slurm = r.agreement is not Agreement.SUPERVISOR_ONLY
-    return (r.job_id, r.restart, r.state if slurm else "(no record)", fmt_ts(r.start) if slurm else "-",
+    return (r.job_id, r.restart, r.state if slurm else "no record", fmt_ts(r.start) if slurm else "-",
             fmt_ts(r.end) if slurm else "-", fmt_duration(r.elapsed) if slurm else "-", r.nodes, r.exit_code,
             r.reason, ", ".join(map(str, r.attempts)) or "-", badge(text, kind))
 

@@ -297,9 +297,9 @@ def event_lines(report: Report) -> list[str]:
 ACCOUNTING_WIDTH = 100
 # Cell widths of the history table: with two spaces between columns and the indent, the widest
 # possible line is ACCOUNTING_WIDTH (tests/test_report_accounting.py checks it on over-long values).
-_HISTORY_COLUMNS = (("job", 9), ("rst", 3), ("state", 10), ("start", 11), ("end", 11), ("elapsed", 6),
-                    ("node", 9), ("exit", 5), ("reason", 9), ("attempts", 7))
-AGREEMENT_MARK = {Agreement.MATCHED: "", Agreement.NOT_STARTED: "(never ran)",
+_HISTORY_COLUMNS = (("job", 9), ("rst", 3), ("state", 10), ("start", 11), ("end", 11), ("elapsed", 7),
+                    ("node", 8), ("exit", 5), ("reason", 8), ("attempts", 8))
+AGREEMENT_MARK = {Agreement.MATCHED: "", Agreement.NOT_STARTED: "",
                   Agreement.SLURM_ONLY: "NONE!", Agreement.SUPERVISOR_ONLY: "!"}
 
 
@@ -317,7 +317,7 @@ def _history_end(row: HistoryRow) -> str:
 def history_cells(row: HistoryRow) -> tuple[str, ...]:
     """One line of the history table, each cell cut to its column's width."""
     if row.agreement is Agreement.SUPERVISOR_ONLY:
-        slurm = ("(no record)", "-", "-", "-", "-", "-", "-")
+        slurm = ("no record", "-", "-", "-", "-", "-", "-")
     else:
         start = "-" if row.start is None else time.strftime("%m-%d %H:%M", time.localtime(row.start))
         slurm = (row.state or "-", start, _history_end(row), fmt_duration(row.elapsed), row.nodes or "-",
@@ -347,15 +347,14 @@ def accounting_blocks(view: AccountingView | None) -> list[Block]:
     if not view.rows:
         blocks.append(_p(_fit(f"sacct has no record of job(s) {', '.join(view.job_ids)}", ACCOUNTING_WIDTH)))
         return blocks
-    blocks.append(_p("Each run of the job as Slurm counted it (rst: its restart count), with the supervisor's "
-                     "attempts in it."))
+    blocks.append(_p("Each run of a job as Slurm counted it (rst: restart count), beside the supervisor's attempts."))
     blocks.append(_table([h for h, _ in _HISTORY_COLUMNS], [history_cells(r) for r in view.rows]))
     bad = view.disagreements
     if bad:
         blocks.append(_p(f"Disagreements ({len(bad)}):"))
         blocks.append(_list([_wrapped(f"job {r.job_id} restart {_cell(r.restart)}: {r.note}") for r in bad]))
     else:
-        blocks.append(_p("Slurm and the supervisor agree: every run Slurm counted has its supervisor session."))
+        blocks.append(_p("Slurm and the supervisor agree: each run Slurm counted has its supervisor session."))
     return blocks
 
 

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
-from .sacct import FIELDS, SacctAnswer, SacctStatus, classify_failure, parse_sacct
+from .sacct import DELIMITER, FIELDS, SacctAnswer, SacctStatus, classify_failure, parse_sacct
 
 DEFAULT_TIMEOUT = 15.0
 MAX_JOB_IDS = 200
@@ -25,9 +25,10 @@ Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 def sacct_argv(job_ids: Sequence[str], fields: Sequence[str] = FIELDS) -> list[str]:
     """``sacct`` for every accounting record of these jobs: requeued runs too (``--duplicates``),
-    the allocation line only (``--allocations``), ``|``-separated with a header (``--parsable2``)."""
+    the allocation line only (``--allocations``), one line each with a header (``--parsable2``),
+    split on a character no value holds."""
     return ["sacct", "--jobs", ",".join(job_ids), "--duplicates", "--allocations", "--parsable2",
-            "--format", ",".join(fields)]
+            f"--delimiter={DELIMITER}", "--format", ",".join(fields)]
 
 
 def query_sacct(job_ids: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, run: Runner = subprocess.run,
@@ -53,7 +54,7 @@ def query_sacct(job_ids: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, run
             return SacctAnswer(SacctStatus.MISSING, reason=f"cannot run sacct ({exc.strerror or exc})")
         if done.returncode == 0:
             try:
-                records = parse_sacct(done.stdout or "")
+                records = parse_sacct(done.stdout or "", DELIMITER)
             except ValueError as exc:
                 return SacctAnswer(SacctStatus.ERROR, reason=str(exc))
             return SacctAnswer(SacctStatus.OK, records=records, fields=tuple(fields))

@@ -12,10 +12,11 @@ clusters run: ``Restarts`` is in 24.11 and 26.05, not in 22.05, whose ``sacct`` 
 
     JobID JobIDRaw State Submit Start End Elapsed NodeList ExitCode Reason [Restarts]
 
-The output is read by its header line, so a field a version lacks is simply ``None``. The text is
-untrusted (a site's ``Reason`` or node names can hold anything): every string is passed through
-:func:`supervisor.textsafe.printable` and cut to a bounded length; lines past :data:`MAX_RECORDS`
-are ignored.
+The report asks for ``--delimiter`` :data:`DELIMITER` (the ASCII unit separator) rather than ``|``,
+which ``--parsable2`` does not escape inside a value. The output is read by its header line, so a
+field a version lacks is simply ``None``. The text is untrusted (a site's ``Reason`` or node names
+can hold anything): every string is passed through :func:`supervisor.textsafe.printable` and cut to
+a bounded length; lines past :data:`MAX_RECORDS` are ignored.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..textsafe import printable
 FIELDS = ("JobID", "JobIDRaw", "State", "Submit", "Start", "End", "Elapsed", "NodeList", "ExitCode", "Reason",
           "Restarts")
 FIELDS_WITHOUT_RESTARTS = tuple(f for f in FIELDS if f != "Restarts")  # Slurm 22.05
+DELIMITER = "\x1f"
 MAX_RECORDS = 500
 MAX_TEXT = 200
 _NO_VALUE = frozenset({"", "Unknown", "None", "None assigned", "N/A", "(null)"})
@@ -120,22 +122,22 @@ def _int(value: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def parse_sacct(text: str, local_to_epoch: Callable[[time.struct_time], float] = time.mktime,
-                ) -> tuple[SlurmJobRecord, ...]:
-    """Records of ``sacct --parsable2`` output with its header line (``JobID|JobIDRaw|State|...``).
-    Step lines (``123.batch``) are skipped: the report wants one line per run of the job.
-    Raises ValueError when there is no header naming JobIDRaw and State."""
+def parse_sacct(text: str, delimiter: str = "|",
+                local_to_epoch: Callable[[time.struct_time], float] = time.mktime) -> tuple[SlurmJobRecord, ...]:
+    """Records of ``sacct --parsable2`` output with its header line (``JobID|JobIDRaw|State|...``;
+    ``delimiter``: what ``--delimiter`` asked for). Step lines (``123.batch``) are skipped: the report
+    wants one line per run of the job. Raises ValueError when there is no header naming JobIDRaw and State."""
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise ValueError("sacct printed nothing (not even its header)")
-    header = [h.strip() for h in lines[0].split("|")]
+    header = [h.strip() for h in lines[0].split(delimiter)]
     if "JobIDRaw" not in header or "State" not in header:
         raise ValueError(f"sacct's first line is not the expected header: {printable(lines[0][:120])}")
     out: list[SlurmJobRecord] = []
     for line in lines[1: MAX_RECORDS + 1]:
-        cells = line.split("|")
+        cells = line.split(delimiter)
         if len(cells) != len(header):
-            continue  # a NodeList or Reason holding '|' would shift the columns: not trusted
+            continue  # a value holding the delimiter would shift the columns: not trusted
         row = dict(zip(header, cells))
         raw = _text(row.get("JobIDRaw", "")) or ""
         if not raw or "." in raw:
@@ -167,5 +169,5 @@ def classify_failure(returncode: int | None, output: str) -> tuple[SacctStatus, 
     return SacctStatus.ERROR, f"sacct failed (exit {returncode}): {first or 'no message'}", None
 
 
-__all__ = ["FIELDS", "FIELDS_WITHOUT_RESTARTS", "SacctAnswer", "SacctStatus", "SlurmJobRecord", "classify_failure",
-           "parse_elapsed", "parse_sacct", "parse_time"]
+__all__ = ["DELIMITER", "FIELDS", "FIELDS_WITHOUT_RESTARTS", "SacctAnswer", "SacctStatus", "SlurmJobRecord",
+           "classify_failure", "parse_elapsed", "parse_sacct", "parse_time"]
