@@ -145,7 +145,7 @@ class FakeSacct:
 
 
 def _query(fake: FakeSacct, ids: Sequence[str] = ("4242",)) -> SacctAnswer:
-    return query_sacct(ids, run=fake, which=lambda _: "/usr/bin/sacct", environ={"SLURM_TIME_FORMAT": "relative"})
+    return query_sacct(ids, run=fake, which=lambda *_, **__: "/usr/bin/sacct", environ={"SLURM_TIME_FORMAT": "relative"})
 
 
 def test_query_asks_for_every_requeue_in_epoch_seconds() -> None:
@@ -172,7 +172,7 @@ def test_22_05_refusing_restarts_is_asked_again_without_it() -> None:
      "/usr/bin/sacct", SacctStatus.ERROR),
 ])
 def test_no_history_is_one_line_why(fake: FakeSacct, which: str | None, status: SacctStatus) -> None:
-    answer = query_sacct(["1"], run=fake, which=lambda _: which)
+    answer = query_sacct(["1"], run=fake, which=lambda *_, **__: which)
     assert answer.status is status and answer.records == () and "\n" not in answer.reason
 
 
@@ -325,3 +325,60 @@ def test_report_gathers_history_for_every_job_the_run_names(tmp_path: Path) -> N
     text_out = render_text(rep)
     assert "Slurm's history (sacct)" in text_out and "job 5002 restart 0" in text_out
     assert not rep.run.problems  # the exit code stays a function of the run directory
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the real subprocess edge: a stand-in sacct on PATH (a real one needs slurmdbd)
+
+
+def _sacct_on_path(tmp_path: Path, *, output: str = "", fail: str = "") -> dict[str, str]:
+    """A ``sacct`` that answers like a real one: the sample (with the delimiter asked for) when called
+    with --duplicates and SLURM_TIME_FORMAT=%s, or ``fail`` on stderr with exit 1."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "answer.txt").write_text(output)
+    script = bindir / "sacct"
+    if fail:
+        script.write_text(f"#!/bin/sh\necho '{fail}' >&2\nexit 1\n")
+    else:
+        script.write_text("#!/bin/sh\n"
+                          'case " $* " in *" --duplicates "*) ;; *) echo "no --duplicates" >&2; exit 3;; esac\n'
+                          '[ "$SLURM_TIME_FORMAT" = "%s" ] || { echo "times not in epoch seconds" >&2; exit 3; }\n'
+                          f"tr '|' '\\037' < {bindir / 'answer.txt'}\n")
+    script.chmod(0o755)
+    return {"PATH": f"{bindir}:/usr/bin:/bin"}
+
+
+def test_cluster_check_passes_on_a_resubmitted_run_whose_history_agrees(tmp_path: Path) -> None:
+    from tests.accounting_check import check_accounting_history
+
+    run = _run_dir(tmp_path)
+    (run / "supervisor" / "submissions.jsonl").write_text('{"job_id": 5000}\n{"job_id": 5001}\n')
+    env = _sacct_on_path(tmp_path, output=sample("24.11_resubmitted.txt"))
+    view = check_accounting_history(run, env, final_state="COMPLETED", wait_s=0)
+    assert [(r.job_id, r.attempts) for r in view.rows] == [("5000", (1,)), ("5001", (2,))]
+
+
+def test_cluster_check_fails_on_a_run_slurm_counted_but_the_log_lacks(tmp_path: Path) -> None:
+    from tests.accounting_check import check_accounting_history
+
+    run = _run_dir(tmp_path)
+    extra = "5002|5002|FAILED|1764652010|1764652020|1764652021|00:00:01|n3|1:0|None|0\n"
+    env = _sacct_on_path(tmp_path, output=sample("24.11_resubmitted.txt") + extra)
+    with pytest.raises(AssertionError, match="5002"):
+        check_accounting_history(run, env, wait_s=0)
+
+
+def test_cli_report_says_accounting_is_disabled_in_one_line_and_exits_as_before(tmp_path: Path) -> None:
+    from tests.helpers import run_supervise
+
+    run = _run_dir(tmp_path)
+    env = _sacct_on_path(tmp_path, fail="Slurm accounting storage is disabled")
+    env["PATH"] += ":" + str(Path(__import__("sys").executable).parent)
+    down = run_supervise(["report", str(run), "--no-checkpoints"], env=env)
+    skipped = run_supervise(["report", str(run), "--no-checkpoints", "--no-accounting"], env=env)
+    assert down.returncode == skipped.returncode == 0, down.stderr
+    extra = [line for line in down.stdout.splitlines() if line not in skipped.stdout.splitlines()]
+    assert extra == ["Slurm's history (sacct): not available: Slurm accounting storage is disabled on this cluster"]
+    as_json = json.loads(run_supervise(["report", str(run), "--no-checkpoints", "--json"], env=env).stdout)
+    assert as_json["accounting"]["state"] == "unavailable"

@@ -341,8 +341,7 @@ def accounting_blocks(view: AccountingView | None) -> list[Block]:
     if view is None or view.state in (AccountingState.SKIPPED, AccountingState.NOT_SLURM):
         return []
     if view.state is AccountingState.UNAVAILABLE:
-        return [_p(_fit(f"Slurm's history: not available ({view.reason}); the attempts are the supervisor's "
-                        "record only", ACCOUNTING_WIDTH))]
+        return [_p(_fit(f"Slurm's history (sacct): not available: {view.reason}", ACCOUNTING_WIDTH))]
     blocks = [_h("Slurm's history (sacct)")]
     if not view.rows:
         blocks.append(_p(_fit(f"sacct has no record of job(s) {', '.join(view.job_ids)}", ACCOUNTING_WIDTH)))

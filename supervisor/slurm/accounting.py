@@ -32,15 +32,16 @@ def sacct_argv(job_ids: Sequence[str], fields: Sequence[str] = FIELDS) -> list[s
 
 
 def query_sacct(job_ids: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, run: Runner = subprocess.run,
-                which: Callable[[str], str | None] = shutil.which,
+                which: Callable[..., str | None] = shutil.which,
                 environ: Mapping[str, str] | None = None) -> SacctAnswer:
-    """The accounting records of ``job_ids`` (numeric Slurm job ids), or why there are none."""
+    """The accounting records of ``job_ids`` (numeric Slurm job ids), or why there are none.
+    ``environ``: the environment sacct runs in (default this process's); sacct is looked up on its PATH."""
     ids = [j for j in dict.fromkeys(str(j).strip() for j in job_ids) if j.replace("_", "").isdigit()][:MAX_JOB_IDS]
     if not ids:
         return SacctAnswer(SacctStatus.ERROR, reason="no Slurm job id to ask sacct about")
-    if which("sacct") is None:
-        return SacctAnswer(SacctStatus.MISSING, reason="sacct is not installed here (not on PATH)")
     env = dict(os.environ if environ is None else environ)
+    if which("sacct", path=env.get("PATH", os.defpath)) is None:
+        return SacctAnswer(SacctStatus.MISSING, reason="sacct is not installed here (not on PATH)")
     env["SLURM_TIME_FORMAT"] = "%s"  # epoch seconds: no time zone to guess
     fields = list(FIELDS)
     for _ in range(len(FIELDS)):  # each retry drops one field an older sacct refused
