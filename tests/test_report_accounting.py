@@ -382,3 +382,54 @@ def test_cli_report_says_accounting_is_disabled_in_one_line_and_exits_as_before(
     assert extra == ["Slurm's history (sacct): not available: Slurm accounting storage is disabled on this cluster"]
     as_json = json.loads(run_supervise(["report", str(run), "--no-checkpoints", "--json"], env=env).stdout)
     assert as_json["accounting"]["state"] == "unavailable"
+
+
+# ---------------------------------------------------------------------------------------------
+# The real sacct of each tested version, on a cluster configuration without slurmdbd (no daemon
+# needed: sacct reads slurm.conf and answers before it would talk to anything)
+
+_CONF = ("ClusterName=acct\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1 Default=YES\n")
+
+
+def _real_sacct_env(version: str, tmp_path: Path, extra_conf: str = "") -> dict[str, str]:
+    import os
+
+    from tests.slurm_cluster import ClusterError, root_install, write_shims
+
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(_CONF + extra_conf)
+    env = {"PATH": os.environ.get("PATH", os.defpath), "SLURM_CONF": str(conf)}
+    if version == "host":
+        if not Path("/usr/bin/sacct").exists():
+            pytest.skip("no sacct on this host")
+        return env
+    if os.geteuid() != 0:
+        pytest.skip("entering a Slurm root needs root")
+    try:
+        install = root_install(version, build=False)
+    except ClusterError as exc:
+        pytest.skip(str(exc))
+    write_shims(tmp_path / "shims", install)
+    env["PATH"] = f"{tmp_path / 'shims'}:{env['PATH']}"
+    env["SLURM_ROOT_SHIMS"] = str(tmp_path / "shims")
+    return env
+
+
+@pytest.mark.parametrize("version", ["host", "24.11", "26.05"])
+def test_real_sacct_without_accounting_is_reported_disabled(version: str, tmp_path: Path) -> None:
+    answer = query_sacct(["5"], environ=_real_sacct_env(version, tmp_path))
+    assert (answer.status, answer.reason) == (SacctStatus.DISABLED, "Slurm accounting storage is disabled on this "
+                                                                     "cluster")
+
+
+def test_real_sacct_with_slurmdbd_down_says_what_it_said(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    extra = f"AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageHost=127.0.0.1\n" \
+            f"AccountingStoragePort={port}\n"
+    answer = query_sacct(["5"], environ=_real_sacct_env("host", tmp_path, extra))
+    assert answer.status is SacctStatus.ERROR
+    assert answer.reason == "sacct failed (exit 1): Problem talking to the database: Connection refused"

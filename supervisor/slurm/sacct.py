@@ -39,6 +39,7 @@ _NO_VALUE = frozenset({"", "Unknown", "None", "None assigned", "N/A", "(null)"})
 _ISO = "%Y-%m-%dT%H:%M:%S"
 _ELAPSED = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)(?:\.\d+)?$")
 _DISABLED = "accounting storage is disabled"
+_SACCT_PREFIX = re.compile(r"^sacct: (?:error|fatal): ")
 _INVALID_FIELD = re.compile(r'Invalid field requested: "?([A-Za-z]+)"?')
 
 
@@ -164,9 +165,13 @@ def classify_failure(returncode: int | None, output: str) -> tuple[SacctStatus, 
     invalid = _INVALID_FIELD.search(output)
     if invalid:
         return SacctStatus.ERROR, f"sacct refused field {invalid.group(1)}", invalid.group(1)
-    first = next((line.strip() for line in output.splitlines() if line.strip()), "")
-    first = printable(first if len(first) <= MAX_TEXT else first[: MAX_TEXT - 1] + "…")
-    return SacctStatus.ERROR, f"sacct failed (exit {returncode}): {first or 'no message'}", None
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    # sacct's last word is its conclusion ("Problem talking to the database: Connection refused"),
+    # a fatal line the cause ("Could not establish a configuration source").
+    said = next((line for line in lines if "fatal:" in line), lines[-1] if lines else "")
+    said = _SACCT_PREFIX.sub("", said)
+    said = printable(said if len(said) <= MAX_TEXT else said[: MAX_TEXT - 1] + "…")
+    return SacctStatus.ERROR, f"sacct failed (exit {returncode}): {said or 'no message'}", None
 
 
 __all__ = ["DELIMITER", "FIELDS", "FIELDS_WITHOUT_RESTARTS", "SacctAnswer", "SacctStatus", "SlurmJobRecord",
