@@ -433,3 +433,9 @@ def test_real_sacct_with_slurmdbd_down_says_what_it_said(tmp_path: Path) -> None
     answer = query_sacct(["5"], environ=_real_sacct_env("host", tmp_path, extra))
     assert answer.status is SacctStatus.ERROR
     assert answer.reason == "sacct failed (exit 1): Problem talking to the database: Connection refused"
+
+
+def test_no_record_at_all_is_unavailable_not_a_list_of_disagreements() -> None:
+    view = accounting_view(SacctAnswer(SacctStatus.OK, ()), [session(1, "77", 0, T0, [1])], ("77",))
+    assert view.state is AccountingState.UNAVAILABLE and view.rows == ()
+    assert "no record of job(s) 77" in view.reason

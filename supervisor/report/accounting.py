@@ -225,6 +225,10 @@ def accounting_view(answer: SacctAnswer | None, sessions: Sequence[JobRow], job_
         return AccountingView(AccountingState.SKIPPED, "not asked (--no-accounting)", ids)
     if answer.status is not SacctStatus.OK:
         return AccountingView(AccountingState.UNAVAILABLE, answer.reason, ids)
+    if not answer.records:  # nothing to compare with: not a disagreement about any one run
+        return AccountingView(AccountingState.UNAVAILABLE,
+                              f"sacct has no record of job(s) {', '.join(ids[:10])}{' ...' if len(ids) > 10 else ''} "
+                              "(purged, another cluster's database, or not visible to this user)", ids, answer.fields)
     return AccountingView(AccountingState.GATHERED, "", ids, answer.fields, compare(sessions, answer.records))
 
 

@@ -739,8 +739,6 @@ def accounting_part(report: Report) -> list[Html]:
         return []
     if view.state is AccountingState.UNAVAILABLE:
         return [el("p", f"Not available: {view.reason}. The attempts above are the supervisor's record only.")]
-    if not view.rows:
-        return [el("p", f"sacct has no record of job(s) {', '.join(view.job_ids)}.")]
     out = [table(("job", "restart", "state", "start", "end", "elapsed", "node", "exit", "reason", "attempts",
                   "agreement"), [_history_row(r) for r in view.rows],
                  caption="Each run of the job as Slurm's accounting counted it, with the supervisor's attempts in "

@@ -343,9 +343,6 @@ def accounting_blocks(view: AccountingView | None) -> list[Block]:
     if view.state is AccountingState.UNAVAILABLE:
         return [_p(_fit(f"Slurm's history (sacct): not available: {view.reason}", ACCOUNTING_WIDTH))]
     blocks = [_h("Slurm's history (sacct)")]
-    if not view.rows:
-        blocks.append(_p(_fit(f"sacct has no record of job(s) {', '.join(view.job_ids)}", ACCOUNTING_WIDTH)))
-        return blocks
     blocks.append(_p("Each run of a job as Slurm counted it (rst: restart count), beside the supervisor's attempts."))
     blocks.append(_table([h for h, _ in _HISTORY_COLUMNS], [history_cells(r) for r in view.rows]))
     bad = view.disagreements

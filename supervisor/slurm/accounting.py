@@ -26,8 +26,9 @@ Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 def sacct_argv(job_ids: Sequence[str], fields: Sequence[str] = FIELDS) -> list[str]:
     """``sacct`` for every accounting record of these jobs: requeued runs too (``--duplicates``),
     the allocation line only (``--allocations``), one line each with a header (``--parsable2``),
-    split on a character no value holds."""
-    return ["sacct", "--jobs", ",".join(job_ids), "--duplicates", "--allocations", "--parsable2",
+    split on a character no value holds; whoever submitted them (``--allusers``: the report may be
+    made by a colleague; a site's PrivateData still decides what they may see)."""
+    return ["sacct", "--jobs", ",".join(job_ids), "--allusers", "--duplicates", "--allocations", "--parsable2",
             f"--delimiter={DELIMITER}", "--format", ",".join(fields)]
 
 
