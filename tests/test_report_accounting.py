@@ -370,17 +370,19 @@ def test_cluster_check_fails_on_a_run_slurm_counted_but_the_log_lacks(tmp_path: 
 
 
 def test_cli_report_says_accounting_is_disabled_in_one_line_and_exits_as_before(tmp_path: Path) -> None:
-    from tests.helpers import run_supervise
+    from click.testing import CliRunner
+
+    from supervisor.cli import main
 
     run = _run_dir(tmp_path)
     env = _sacct_on_path(tmp_path, fail="Slurm accounting storage is disabled")
-    env["PATH"] += ":" + str(Path(__import__("sys").executable).parent)
-    down = run_supervise(["report", str(run), "--no-checkpoints"], env=env)
-    skipped = run_supervise(["report", str(run), "--no-checkpoints", "--no-accounting"], env=env)
-    assert down.returncode == skipped.returncode == 0, down.stderr
-    extra = [line for line in down.stdout.splitlines() if line not in skipped.stdout.splitlines()]
+    cli = CliRunner()
+    down = cli.invoke(main, ["report", str(run), "--no-checkpoints"], env=env)
+    skipped = cli.invoke(main, ["report", str(run), "--no-checkpoints", "--no-accounting"], env=env)
+    assert down.exit_code == skipped.exit_code == 0, down.output
+    extra = [line for line in down.output.splitlines() if line not in skipped.output.splitlines()]
     assert extra == ["Slurm's history (sacct): not available: Slurm accounting storage is disabled on this cluster"]
-    as_json = json.loads(run_supervise(["report", str(run), "--no-checkpoints", "--json"], env=env).stdout)
+    as_json = json.loads(cli.invoke(main, ["report", str(run), "--no-checkpoints", "--json"], env=env).output)
     assert as_json["accounting"]["state"] == "unavailable"
 
 
