@@ -6,6 +6,7 @@ person reads in the terminal and the Markdown pasted into an issue say the same 
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -299,8 +300,6 @@ ACCOUNTING_WIDTH = 100
 # possible line is ACCOUNTING_WIDTH (tests/test_report_accounting.py checks it on over-long values).
 _HISTORY_COLUMNS = (("job", 9), ("rst", 3), ("state", 10), ("start", 11), ("end", 11), ("elapsed", 7),
                     ("node", 8), ("exit", 5), ("reason", 8), ("attempts", 8))
-AGREEMENT_MARK = {Agreement.MATCHED: "", Agreement.NOT_STARTED: "",
-                  Agreement.SLURM_ONLY: "NONE!", Agreement.SUPERVISOR_ONLY: "!"}
 
 
 def _fit(text: str, width: int) -> str:
@@ -322,16 +321,16 @@ def history_cells(row: HistoryRow) -> tuple[str, ...]:
         start = "-" if row.start is None else time.strftime("%m-%d %H:%M", time.localtime(row.start))
         slurm = (row.state or "-", start, _history_end(row), fmt_duration(row.elapsed), row.nodes or "-",
                  row.exit_code or "-", row.reason or "-")
-    attempts = ",".join(map(str, row.attempts)) if row.attempts else ("-" if row.sessions else "")
-    mark = AGREEMENT_MARK[row.agreement]
-    attempts = f"{attempts} {mark}".strip() if mark != "NONE!" else mark
-    cells = (row.job_id, _cell(row.restart), *slurm, attempts or "-")
+    attempts = ",".join(map(str, row.attempts)) or "-"
+    if row.agreement is Agreement.SLURM_ONLY:
+        attempts = "NONE!"  # a run Slurm counted that the supervisor has no record of
+    elif row.agreement is Agreement.SUPERVISOR_ONLY:
+        attempts = _fit(attempts, 6) + " !"  # a session accounting has no record of
+    cells = (row.job_id, _cell(row.restart), *slurm, attempts)
     return tuple(_fit(c, w) for c, (_, w) in zip(cells, _HISTORY_COLUMNS))
 
 
 def _wrapped(text: str) -> str:
-    import textwrap
-
     return textwrap.fill(text, width=ACCOUNTING_WIDTH - 4, subsequent_indent="    ")
 
 
