@@ -44,7 +44,7 @@ DECISION_MODULES = {
     "supervisor.failures.evidence",
     "supervisor.checkpoints.resume", "supervisor.slurm.requeue_policy", "supervisor.slurm.stop_cause", "supervisor.slurm.grace",
     "supervisor.stall", "supervisor.slownode", "supervisor.run.stop", "supervisor.run.judge", "supervisor.run.layout", "supervisor.report.model",
-    "supervisor.report.drift",
+    "supervisor.report.drift", "supervisor.report.accounting", "supervisor.slurm.sacct",
 }
 
 

@@ -225,7 +225,7 @@ def test_timeline_tells_each_attempt_its_end_first_failure_and_losses(run_dir: P
 def test_json_has_the_stable_top_level_keys(run_dir: Path) -> None:
     data = build_report(run_dir).to_json()
     assert list(data) == ["run", "attempts", "verdict", "checkpoints", "quarantined", "drift",
-                          "events_summary", "warnings"]
+                          "events_summary", "warnings", "accounting"]
     json.dumps(data)  # plain data all the way down
 
 

@@ -32,18 +32,23 @@ if TYPE_CHECKING:  # the report package is imported when a report command runs, 
               help="Also write the report as one self-contained page to FILE.html (no script, nothing loaded "
                    "from the network: open it offline or attach it to an issue).")
 @click.option("--no-checkpoints", is_flag=True, help="Skip the checkpoint health scan.")
+@click.option("--no-accounting", is_flag=True,
+              help="Do not ask Slurm's accounting (sacct) for the jobs' history; the report then reads RUN_DIR only.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path),
               help="Judge the step budget by this config instead of the one recorded in the run.")
 @handle_errors
 def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | None, html_file: Path | None,
-           no_checkpoints: bool, config_file: Path | None) -> None:
+           no_checkpoints: bool, no_accounting: bool, config_file: Path | None) -> None:
     """Post-mortem of a run: attempts and their first failures, steps lost, the step-budget verdict,
     checkpoint health, quarantined files, and drift between attempts (other code, torch, GPU...).
 
-    Reads only RUN_DIR (works after the job is gone). Exits 1 when the report lists problems
-    (budget exceeded, drift, corrupt checkpoints, resume audit failed, run stopped), else 0.
+    Reads RUN_DIR (works after the job is gone) and, where sacct answers, Slurm's own history of the
+    run's jobs (every requeue and resubmission) to set beside the attempts; --no-accounting skips it.
+    Exits 1 when the report lists problems (budget exceeded, drift, corrupt checkpoints, resume audit
+    failed, run stopped), else 0; the accounting history never changes the exit code.
     """
-    from ..report import build_report
+    from ..report import build_report, resolve_run_dir
+    from ..report.load import skipped_accounting
     from ..report.render import render_markdown, render_text
     from ..report.textfit import columns
 
@@ -54,7 +59,9 @@ def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | No
     if html_file is not None and not html_file.parent.is_dir():
         raise UsageError(f"--html {html_file}: directory {html_file.parent} does not exist")
     config = load_config(config_file) if config_file is not None else None
-    rep = build_report(run_dir, config=config, check_checkpoints=not no_checkpoints)
+    rep = build_report(run_dir, config=config, check_checkpoints=not no_checkpoints, accounting=not no_accounting)
+    if no_accounting:
+        rep = skipped_accounting(rep, resolve_run_dir(run_dir))
     if html_file is not None:
         from ..report.html import render_html
 

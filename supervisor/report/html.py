@@ -22,6 +22,7 @@ from enum import Enum
 from typing import Any
 
 from .. import __version__
+from .accounting import AccountingState, Agreement, HistoryRow
 from .model import AttemptRow, CheckpointRow, QuarantineRow, Report
 from .render import (
     event_lines,
@@ -709,8 +710,46 @@ footer{margin-top:3em;color:var(--muted);font-size:12px}
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
 SECTIONS = (("problems", "Needs a look"), ("verdict", "Budget verdict"), ("results-check", "Results check"),
-            ("timeline", "Timeline"), ("attempts", "Attempts"), ("failures", "First failures"),
+            ("timeline", "Timeline"), ("attempts", "Attempts"), ("accounting", "Slurm's history"),
+            ("failures", "First failures"),
             ("events", "Events"), ("checkpoints", "Checkpoints"), ("drift", "Drift"), ("warnings", "Warnings"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm's own history (report/accounting.py)
+
+_AGREEMENT_BADGE = {Agreement.MATCHED: ("agrees", "ok"), Agreement.NOT_STARTED: ("never ran", "sched"),
+                    Agreement.SLURM_ONLY: ("no supervisor record", "fail"),
+                    Agreement.SUPERVISOR_ONLY: ("no Slurm record", "fail")}
+
+
+def _history_row(r: HistoryRow) -> tuple[Any, ...]:
+    text, kind = _AGREEMENT_BADGE[r.agreement]
+    slurm = r.agreement is not Agreement.SUPERVISOR_ONLY
+    return (r.job_id, r.restart, r.state if slurm else "no record", fmt_ts(r.start) if slurm else "-",
+            fmt_ts(r.end) if slurm else "-", fmt_duration(r.elapsed) if slurm else "-", r.nodes, r.exit_code,
+            r.reason, ", ".join(map(str, r.attempts)) or "-", badge(text, kind))
+
+
+def accounting_part(report: Report) -> list[Html]:
+    """The history table with its disagreements, or one paragraph saying why there is none; nothing
+    when the history was not asked for or the run never ran under Slurm."""
+    view = report.accounting
+    if view is None or view.state in (AccountingState.SKIPPED, AccountingState.NOT_SLURM):
+        return []
+    if view.state is AccountingState.UNAVAILABLE:
+        return [el("p", f"Not available: {view.reason}. The attempts above are the supervisor's record only.")]
+    out = [table(("job", "restart", "state", "start", "end", "elapsed", "node", "exit", "reason", "attempts",
+                  "agreement"), [_history_row(r) for r in view.rows],
+                 caption="Each run of the job as Slurm's accounting counted it, with the supervisor's attempts in "
+                         "it", table_id="history-table", numeric=(1,))]
+    bad = view.disagreements
+    if bad:
+        out.append(el("ul", *(el("li", f"job {r.job_id} restart {_cell(r.restart)}: {r.note}") for r in bad),
+                      class_="problems"))
+    else:
+        out.append(el("p", "Slurm and the supervisor agree: every run Slurm counted has its supervisor session."))
+    return out
 
 
 def render_html(report: Report) -> str:
@@ -750,6 +789,9 @@ def render_html(report: Report) -> str:
     else:
         section("timeline", "Timeline", el("p", "No attempt has started yet: nothing to draw."))
     section("attempts", "Attempts", attempts_table(report) if report.attempts else el("p", "No attempts."))
+    history = accounting_part(report)
+    if history:
+        section("accounting", "Slurm's history (sacct)", *history)
     section("failures", "First failure of each attempt", *failures_part(report))
     section("events", "Events", el("ul", *(el("li", line) for line in event_lines(report))))
     section("checkpoints", "Checkpoints", *checkpoints_part(report))

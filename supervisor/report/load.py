@@ -13,6 +13,7 @@ import re
 import socket
 import stat
 from collections.abc import Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from ..events import Event, read_events
 from ..paths import RunPaths
 from ..redact import redact_text, redact_value
 from ..textsafe import printable, printable_value
+from ..slurm.sacct import SacctAnswer
+from .accounting import accounting_view, run_job_ids
 from .model import CheckpointRow, QuarantineFile, Report, fold
 
 QUARANTINE_PREFIX = "CORRUPT_"
@@ -231,9 +234,40 @@ def budget_config_from(manifests: Mapping[int, Mapping[str, Any]]) -> BudgetConf
     return None
 
 
+SacctQuery = Callable[[Sequence[str]], SacctAnswer]
+
+
 def build_report(run_dir: Path, *, config: SupervisorConfig | None = None,
-                 check_checkpoints: bool = True) -> Report:
-    """Read the run directory and fold it. ``config`` overrides the budget recorded in the manifests."""
+                 check_checkpoints: bool = True, accounting: bool | SacctQuery = False) -> Report:
+    """Read the run directory and fold it. ``config`` overrides the budget recorded in the manifests.
+    ``accounting``: also ask Slurm's accounting for the run's jobs (True: ``sacct`` here; a callable:
+    that query instead, for tests); False leaves :attr:`Report.accounting` None."""
+    rep = _build_report(run_dir, config=config, check_checkpoints=check_checkpoints)
+    if accounting is False:
+        return rep
+    return with_accounting(rep, resolve_run_dir(run_dir), None if accounting is True else accounting)
+
+
+def with_accounting(rep: Report, paths: RunPaths, query: SacctQuery | None) -> Report:
+    """``rep`` with Slurm's history of the jobs its event log and submissions ledger name, asked
+    now (see docs/report.md, "Slurm's own history"). Never raises: what went wrong is one line."""
+    from ..resubmit import read_submissions, submissions_path
+    from ..slurm.accounting import query_sacct
+
+    ids = run_job_ids(rep.run.jobs, read_submissions(submissions_path(paths.run_dir)))
+    answer = (query or query_sacct)(ids) if ids else None
+    return replace(rep, accounting=accounting_view(answer, rep.run.jobs, ids))
+
+
+def skipped_accounting(rep: Report, paths: RunPaths) -> Report:
+    """``rep`` saying the history was not asked for (``--no-accounting``)."""
+    from ..resubmit import read_submissions, submissions_path
+
+    ids = run_job_ids(rep.run.jobs, read_submissions(submissions_path(paths.run_dir)))
+    return replace(rep, accounting=accounting_view(None, rep.run.jobs, ids))
+
+
+def _build_report(run_dir: Path, *, config: SupervisorConfig | None, check_checkpoints: bool) -> Report:
     paths = resolve_run_dir(run_dir)
     try:
         read = read_events(paths.events)

@@ -33,6 +33,7 @@ from ..ledger import (
 )
 from ..signals import signal_name
 from ..states import Action, RunOutcome, Verdict
+from .accounting import AccountingView
 from .drift import DriftItem, find_drift
 
 # The ledger's definitions, as the strings the report shows: one definition of "not a failure".
@@ -220,6 +221,7 @@ class Report:
     events_summary: EventsSummary
     warnings: tuple[str, ...]
     series: tuple[StepPoint, ...] = ()  # for the plot; not part of the JSON
+    accounting: AccountingView | None = None  # Slurm's history (report/accounting.py); None = not asked
 
     def to_json(self) -> dict[str, Any]:
         """Machine output with stable top-level keys."""
@@ -232,6 +234,7 @@ class Report:
             "drift": _plain(self.drift),
             "events_summary": _plain(self.events_summary),
             "warnings": list(self.warnings),
+            "accounting": self.accounting.to_json() if self.accounting is not None else None,
         }
 
 

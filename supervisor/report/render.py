@@ -6,11 +6,13 @@ person reads in the terminal and the Markdown pasted into an issue say the same 
 
 from __future__ import annotations
 
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .accounting import AccountingState, AccountingView, Agreement, HistoryRow
 from .model import AttemptRow, Report
 from .status import StatusView
 from .textfit import DEFAULT_COLUMNS, fit_table, wrap
@@ -176,6 +178,7 @@ def report_blocks(report: Report) -> list[Block]:
         if mism:
             blocks.append(_p("Resume audit failed:"))
             blocks.append(_list(mism))
+    blocks.extend(accounting_blocks(report.accounting))
 
     blocks.append(_h("Verdict"))
     v = report.verdict
@@ -288,6 +291,67 @@ def event_lines(report: Report) -> list[str]:
     if not lines:
         lines.append("no notices, requeues, stalls, slowdowns or loss anomalies")
     return lines
+
+
+# ---------------------------------------------------------------------------------------------
+# Slurm's own history (report/accounting.py): its own section, 100 columns at most in text
+
+ACCOUNTING_WIDTH = 100
+# Cell widths of the history table: with two spaces between columns and the indent, the widest
+# possible line is ACCOUNTING_WIDTH (tests/test_report_accounting.py checks it on over-long values).
+_HISTORY_COLUMNS = (("job", 9), ("rst", 3), ("state", 10), ("start", 11), ("end", 11), ("elapsed", 7),
+                    ("node", 8), ("exit", 5), ("reason", 8), ("attempts", 8))
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _history_end(row: HistoryRow) -> str:
+    if row.end is None:
+        return "-"
+    same_day = row.start is not None and time.localtime(row.start)[:3] == time.localtime(row.end)[:3]
+    return time.strftime("%H:%M:%S" if same_day else "%m-%d %H:%M", time.localtime(row.end))
+
+
+def history_cells(row: HistoryRow) -> tuple[str, ...]:
+    """One line of the history table, each cell cut to its column's width."""
+    if row.agreement is Agreement.SUPERVISOR_ONLY:
+        slurm = ("no record", "-", "-", "-", "-", "-", "-")
+    else:
+        start = "-" if row.start is None else time.strftime("%m-%d %H:%M", time.localtime(row.start))
+        slurm = (row.state or "-", start, _history_end(row), fmt_duration(row.elapsed), row.nodes or "-",
+                 row.exit_code or "-", row.reason or "-")
+    attempts = ",".join(map(str, row.attempts)) or "-"
+    if row.agreement is Agreement.SLURM_ONLY:
+        attempts = "NONE!"  # a run Slurm counted that the supervisor has no record of
+    elif row.agreement is Agreement.SUPERVISOR_ONLY:
+        attempts = _fit(attempts, 6) + " !"  # a session accounting has no record of
+    cells = (row.job_id, _cell(row.restart), *slurm, attempts)
+    return tuple(_fit(c, w) for c, (_, w) in zip(cells, _HISTORY_COLUMNS))
+
+
+def _wrapped(text: str) -> str:
+    return textwrap.fill(text, width=ACCOUNTING_WIDTH - 4, subsequent_indent="    ")
+
+
+def accounting_blocks(view: AccountingView | None) -> list[Block]:
+    """Slurm's history beside the attempts, or the one line saying why there is none. Nothing when
+    the history was not asked for or the run never ran under Slurm."""
+    if view is None or view.state in (AccountingState.SKIPPED, AccountingState.NOT_SLURM):
+        return []
+    if view.state is AccountingState.UNAVAILABLE:
+        return [_p(_fit(f"Slurm's history (sacct): not available: {view.reason}", ACCOUNTING_WIDTH))]
+    blocks = [_h("Slurm's history (sacct)")]
+    blocks.append(_p("Each run of a job as Slurm counted it (rst: restart count), beside the supervisor's attempts."))
+    blocks.append(_table([h for h, _ in _HISTORY_COLUMNS], [history_cells(r) for r in view.rows]))
+    bad = view.disagreements
+    if bad:
+        blocks.append(_p(f"Disagreements ({len(bad)}):"))
+        blocks.append(_list([_wrapped(f"job {r.job_id} restart {_cell(r.restart)}: {r.note}") for r in bad]))
+    else:
+        blocks.append(_p("Slurm and the supervisor agree: each run Slurm counted has its supervisor session."))
+    return blocks
 
 
 # ---------------------------------------------------------------------------------------------
