@@ -375,7 +375,7 @@ def test_cli_report_says_accounting_is_disabled_in_one_line_and_exits_as_before(
     from supervisor.cli import main
 
     run = _run_dir(tmp_path)
-    env = _sacct_on_path(tmp_path, fail="Slurm accounting storage is disabled")
+    env = {**_sacct_on_path(tmp_path, fail="Slurm accounting storage is disabled"), "COLUMNS": "100"}  # not the runner's
     cli = CliRunner()
     down = cli.invoke(main, ["report", str(run), "--no-checkpoints"], env=env)
     skipped = cli.invoke(main, ["report", str(run), "--no-checkpoints", "--no-accounting"], env=env)
