@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import SlurmError
 from .backend import RequeueResult
+from .choice import BackendChoice
 from .cli_backend import SlurmCli, slurm_error
 from .grace import ClusterGrace
 from .parse import JobInfo, SlurmParseError, expand_hostlist, parse_version
@@ -28,31 +29,84 @@ _INVALID_JOB = "Invalid job id"
 
 def load_pyslurm(importer: Callable[[str], ModuleType] = importlib.import_module) -> ModuleType | None:
     """pyslurm if it imports against this host's libslurm and has the modern Job API, else None."""
+    return load_pyslurm_explained(importer)[0]
+
+
+def load_pyslurm_explained(
+    importer: Callable[[str], ModuleType] = importlib.import_module,
+) -> tuple[ModuleType | None, str | None]:
+    """(pyslurm, None) when it can be used, else (None, why not) in one line."""
     try:
         module = importer("pyslurm")
-    except Exception:  # noqa: BLE001 (ImportError, or a libslurm symbol/version mismatch raised at import)
-        return None
+    except Exception as exc:  # noqa: BLE001 (ImportError, or a libslurm symbol/version mismatch raised at import)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return None, f"import pyslurm failed ({type(exc).__name__}: {first[:200]})"
     if not all(hasattr(module, name) for name in ("Job", "JobSubmitDescription", "RPCError")):
-        return None  # a pre-22.5.2 pyslurm without the Job class
-    return module
+        return None, "this pyslurm predates 22.5.2 (no pyslurm.Job API)"
+    return module, None
+
+
+def built_for(module: ModuleType) -> SlurmVersion | None:
+    """The Slurm release pyslurm was compiled against: ``slurm_api_version()`` (the headers' version,
+    e.g. (22, 5, 8)), else the major.minor of pyslurm's own version (22.5.3 -> 22.05)."""
+    api = getattr(module, "slurm_api_version", None)
+    try:
+        if callable(api):
+            return SlurmVersion.of(tuple(int(v) for v in api()))
+    except Exception:  # noqa: BLE001 (a binding that cannot say: fall back to its package version)
+        pass
+    text = str(getattr(module, "__version__", "") or "")
+    try:
+        major, minor = SlurmVersion.parse(text)[:2]
+    except ValueError:
+        return None
+    return SlurmVersion(major, minor, 0)
+
+
+def controller_version_text(module: ModuleType) -> str:
+    """The controller's SLURM_VERSION, asked over pyslurm's RPC (its configuration): the 24.11+ API
+    ``slurmctld.Config.load().version``, else the older ``config().get()["version"]``."""
+    slurmctld = getattr(module, "slurmctld", None)
+    config_class = getattr(slurmctld, "Config", None)
+    if config_class is not None and hasattr(config_class, "load"):
+        return str(config_class.load().version)
+    return str(module.config().get()["version"])
 
 
 class PyslurmBackend:
     """The same interface as :class:`SlurmCli`, through pyslurm."""
 
     name = "pyslurm"
+    choice: BackendChoice | None = None  # why get_backend picked this backend (run_start records it)
 
     def __init__(self, module: ModuleType, cli: SlurmCli | None = None) -> None:
         self._pyslurm = module
         self._cli = cli or SlurmCli()
+        self._version: SlurmVersion | None = None
 
     def version(self) -> SlurmVersion:
-        """pyslurm's version: its major.minor equals the Slurm release it was built against."""
-        text = str(getattr(self._pyslurm, "__version__", "") or self._call(["version"], self._pyslurm.version))
-        try:
-            return parse_version(text)
-        except SlurmParseError as exc:
-            raise slurm_error(["pyslurm.version"], str(exc)) from exc
+        """The controller's Slurm version (asked once), e.g. SlurmVersion(22, 5, 8). Not pyslurm's own
+        package version: 22.5.3 is the binding's release on the 22.05 branch, not Slurm's patch level."""
+        if self._version is None:
+            argv = ["pyslurm.config", "version"]
+            try:
+                text = self._call(argv, controller_version_text, self._pyslurm)
+            except SlurmError:
+                raise
+            except Exception as exc:  # the older API raises ValueError with slurm_strerror's words
+                raise slurm_error(argv, str(exc) or type(exc).__name__) from exc
+            try:
+                self._version = parse_version(text)
+            except SlurmParseError as exc:
+                raise slurm_error(argv, str(exc)) from exc
+        return self._version
+
+    def built_for(self) -> SlurmVersion | None:
+        """The Slurm release this pyslurm was compiled against (see :func:`built_for`)."""
+        return built_for(self._pyslurm)
+
+    def node_state(self, node: str) -> str | None:
+        return self._cli.node_state(node)  # used to check an exclude list's nodes: rare, the CLI is enough
 
     def job_info(self, job_id: int | str) -> JobInfo | None:
         argv = ["pyslurm.Job.load", str(job_id)]
