@@ -140,7 +140,7 @@ class PyslurmBackend:
             except SlurmError as err:
                 after = check_requeue(self.job_info(job), expected_restarts)
                 if not (after.already_requeued or ALREADY_PENDING_MESSAGE in str(err)):
-                    raise
+                    raise SlurmCli._explain_requeue_error(["pyslurm.Job.requeue", job], err) from err
                 reason = f"already requeued (slurmctld: {err})"
         if exclude:
             try:

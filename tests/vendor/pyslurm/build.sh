@@ -12,7 +12,10 @@
 # 24.11 one inside the root (tests/slurm_roots/enter.sh binds the interpreter there, as it does for
 # every job of the 24.11 test cluster), where the root's own libslurm 24.11 and headers are found.
 #
-# Cached: one wheel per (archive sha256, libslurm-dev version, Python tag) under
+# Compiled with CFLAGS=-O0 -g0 (override: $PYSLURM_CFLAGS): Python's own flags (-O3 -g) made the
+# Cython-generated C take over half an hour on 2 busy cores; a test binding's cost is its RPCs.
+#
+# Cached: one wheel per (archive sha256, libslurm-dev version, Python tag, CFLAGS) under
 # $CACHE/wheels/KEY/ (CACHE: $SLURM_SUPERVISOR_CACHE, default /var/cache/slurm-supervisor), reused
 # while all three are unchanged; the site directory is re-made from that wheel when its key differs
 # (e.g. the root was rebuilt). Needs root (apt-get, chroot) and, on a cold build, Debian's mirror.
@@ -35,6 +38,7 @@ case "$VERSION" in
 esac
 SITE="$ROOT$SITE_SEEN"  # where the site directory is on the host's file system
 ARCHIVE="$(ls "$HERE"/pyslurm-"$BRANCH"-*.tar.gz)"
+CFLAGS_USED="${PYSLURM_CFLAGS:--O0 -g0}"
 log() { printf '[pyslurm %s] %s\n' "$VERSION" "$*" >&2; }
 
 if [ "$(id -u)" != 0 ]; then echo "build.sh: needs root (apt-get, chroot)" >&2; exit 1; fi
@@ -82,7 +86,7 @@ case "$LIBSLURM" in
   *) log "libslurm-dev is $LIBSLURM, not Slurm $VERSION: the suite moved on; update build.sh"; exit 1 ;;
 esac
 
-KEY="$VERSION-$(sha256sum "$ARCHIVE" | cut -c1-16)-libslurm$LIBSLURM-$PYTAG"
+KEY="$VERSION-$(sha256sum "$ARCHIVE" | cut -c1-16)-libslurm$LIBSLURM-$PYTAG-$(printf %s "$CFLAGS_USED" | tr -c 'A-Za-z0-9' _)"
 WHEELS="$CACHE/wheels/$KEY"
 if ! ls "$WHEELS"/pyslurm-*.whl >/dev/null 2>&1; then
   start=$(date +%s)
@@ -91,7 +95,7 @@ if ! ls "$WHEELS"/pyslurm-*.whl >/dev/null 2>&1; then
   mkdir -p "$work" "$WHEELS.tmp"
   tar xzf "$ARCHIVE" -C "$work"
   log "building $(basename "$ARCHIVE") against libslurm-dev $LIBSLURM with $PY (log: $work/build.log)"
-  inside /usr/bin/env SLURM_INCLUDE_DIR=/usr/include SLURM_LIB_DIR=/usr/lib/x86_64-linux-gnu PIP_NO_INDEX=1 \
+  inside /usr/bin/env CFLAGS="$CFLAGS_USED" SLURM_INCLUDE_DIR=/usr/include SLURM_LIB_DIR=/usr/lib/x86_64-linux-gnu PIP_NO_INDEX=1 \
     "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$WHEELS.tmp" "$work/pyslurm-$BRANCH" \
     >"$work/build.log" 2>&1 || { tail -30 "$work/build.log" >&2; log "build failed (log: $work/build.log)"; exit 1; }
   rm -rf "$WHEELS"
