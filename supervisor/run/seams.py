@@ -186,6 +186,7 @@ class InboxWaker:
 
 GRACE_TRIES = 5  # reads of the configured grace before the default grace is kept for the run
 VERSION_WAIT_S = 3.0  # the first ask for the Slurm version waits at most this long
+BACKEND_WAIT_S = 10.0  # run_start waits at most this long to say which backend (a trial import of pyslurm)
 
 
 @dataclass
@@ -225,7 +226,7 @@ class BackgroundSlurm:
                 self._backend = self._factory()
             return self._backend
 
-    def backend_choice(self, timeout: float = VERSION_WAIT_S) -> Any | None:
+    def backend_choice(self, timeout: float = BACKEND_WAIT_S) -> Any | None:
         """Which backend this run uses and why (``slurm.BackendChoice``), for ``run_start``: the
         backend is made on a worker thread, waited for at most ``timeout`` seconds (None after
         that, or in a local run, which never makes one)."""

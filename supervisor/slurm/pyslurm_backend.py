@@ -11,6 +11,9 @@ command-line options), via :class:`~supervisor.slurm.cli_backend.SlurmCli`.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -36,6 +39,10 @@ def load_pyslurm_explained(
     importer: Callable[[str], ModuleType] = importlib.import_module,
 ) -> tuple[ModuleType | None, str | None]:
     """(pyslurm, None) when it can be used, else (None, why not) in one line."""
+    if importer is importlib.import_module:
+        exits = import_exits_the_process()
+        if exits is not None:
+            return None, exits
     try:
         module = importer("pyslurm")
     except Exception as exc:  # noqa: BLE001 (ImportError, or a libslurm symbol/version mismatch raised at import)
@@ -44,6 +51,30 @@ def load_pyslurm_explained(
     if not all(hasattr(module, name) for name in ("Job", "JobSubmitDescription", "RPCError")):
         return None, "this pyslurm predates 22.5.2 (no pyslurm.Job API)"
     return module, None
+
+
+def import_exits_the_process(timeout: float = 30.0) -> str | None:
+    """Why importing pyslurm here would end this process, or None. libslurm reads slurm.conf when
+    pyslurm is imported and, when it finds none (no SLURM_CONF, no /etc/slurm, no configless
+    source), exits the whole process: seen with the real 22.05 build. So the first import is tried
+    in a child process; pyslurm not installed (nothing to try) or already imported costs nothing."""
+    if "pyslurm" in sys.modules:
+        return None
+    try:
+        if importlib.util.find_spec("pyslurm") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import pyslurm"], capture_output=True, text=True,
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"a trial import of pyslurm did not finish ({exc})"
+    if proc.returncode == 0:
+        return None
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    last = said[-1][:200] if said else "no message"
+    return f"importing pyslurm ends the process here (exit {proc.returncode}: {last})"
 
 
 def built_for(module: ModuleType) -> SlurmVersion | None:

@@ -109,15 +109,19 @@ fi
 if [ "$(cat "$SITE/.key" 2>/dev/null)" != "$KEY" ]; then
   rm -rf "$SITE.tmp"
   mkdir -p "$(dirname "$SITE")"
-  PIP_NO_INDEX=1 "$PY" -m pip install -q --no-deps --target "$SITE.tmp" "$WHEELS"/pyslurm-*.whl >&2
+  PIP_NO_INDEX=1 PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install -q --no-deps --target "$SITE.tmp" \
+    "$WHEELS"/pyslurm-*.whl >&2
   echo "$KEY" >"$SITE.tmp/.key"
   rm -rf "$SITE"
   mv "$SITE.tmp" "$SITE"
   log "installed into $SITE_SEEN"
 fi
 
-# Proof that it loads against this Slurm's libslurm, with the interpreter that will use it.
-got="$(inside /usr/bin/env PYTHONPATH="$SITE_SEEN" "$PY" -c 'import pyslurm; print(pyslurm.__version__)')" \
+# Proof that it loads against this Slurm's libslurm, with the interpreter that will use it. Importing
+# pyslurm reads a slurm.conf (without one libslurm exits the process): a two-line one is enough.
+printf 'ClusterName=verify\nSlurmctldHost=localhost\n' >"$CACHE/verify-slurm.conf"
+got="$(inside /usr/bin/env SLURM_CONF="$CACHE/verify-slurm.conf" PYTHONPATH="$SITE_SEEN" "$PY" -c \
+  'import pyslurm; print(pyslurm.__version__, "built for Slurm", ".".join(map(str, pyslurm.slurm_api_version())))')" \
   || { log "import pyslurm failed with PYTHONPATH=$SITE_SEEN"; exit 1; }
 log "import pyslurm: $got (libslurm $LIBSLURM)"
 echo "$SITE_SEEN"
