@@ -104,11 +104,13 @@ def test_submit_requeue_exclude_release_and_cancel_through_pyslurm(slurm_cluster
     [submitted] = probe(slurm_cluster, site, ["submit", "pyslurm", str(script), ["--requeue", "-o", out]])
     job = ok(submitted)
     node = slurm_cluster.wait_state(job, "RUNNING", timeout=30).node_names[0]
-    first, second, after, more = probe(
-        slurm_cluster, site, ["requeue", "pyslurm", job, 0, [node]], ["requeue", "pyslurm", job, None, []],
-        ["info", job], ["update_exclude", "pyslurm", job, ["n1", "n2"]])
+    first, second = probe(slurm_cluster, site, ["requeue", "pyslurm", job, 0, [node]],
+                          ["requeue", "pyslurm", job, None, []])
     assert ok(first)["requeued"] and ok(first)["excluded"] == [node] and ok(first)["exclude_error"] is None
     assert ok(second)["already"] and not ok(second)["requeued"]
+    # Compared once it has settled (pending until its BeginTime): not while its old run is completing.
+    slurm_cluster.wait_state(job, "PENDING", timeout=30)
+    after, more = probe(slurm_cluster, site, ["info", job], ["update_exclude", "pyslurm", job, ["n1", "n2"]])
     assert {"restarts", "exc_nodes", "exc_node_names", "state"} <= compare(ok(after))
     assert ok(after)["pyslurm"]["restarts"] == 1 and ok(after)["pyslurm"]["exc_node_names"] == [node]
     assert ok(more) == list(dict.fromkeys([node, "n1", "n2"]))

@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
@@ -100,7 +101,9 @@ def controller_version_text(module: ModuleType) -> str:
     slurmctld = getattr(module, "slurmctld", None)
     config_class = getattr(slurmctld, "Config", None)
     if config_class is not None and hasattr(config_class, "load"):
-        return str(config_class.load().version)
+        version = getattr(config_class.load(), "version", None)  # 22.5.x has the class, not the field
+        if version:
+            return str(version)
     return str(module.config().get()["version"])
 
 
@@ -214,8 +217,11 @@ class PyslurmBackend:
             raise slurm_error(argv, message, getattr(exc, "errno", None), message) from exc
 
 
-def job_info_from_pyslurm(job: Any) -> JobInfo:
-    """Map a ``pyslurm.Job`` onto :class:`JobInfo` (pyslurm gives epoch ints and a time limit in minutes)."""
+def job_info_from_pyslurm(job: Any, now: float | None = None) -> JobInfo:
+    """Map a ``pyslurm.Job`` onto :class:`JobInfo` (pyslurm gives epoch ints and a time limit in minutes),
+    as ``scontrol show job`` shows it: a job without a time limit whose end lies ahead has no known
+    end (scontrol prints ``EndTime=Unknown``; pyslurm passes on the controller's placeholder, e.g.
+    a pending requeued job's end in the year 2163)."""
 
     def get(name: str, default: Any = None) -> Any:
         value = getattr(job, name, default)
@@ -231,6 +237,9 @@ def job_info_from_pyslurm(job: Any) -> JobInfo:
 
     limit = get("time_limit")
     nodes = text("allocated_nodes")
+    end_time = epoch("end_time")
+    if limit is None and end_time is not None and end_time > (time.time() if now is None else now):
+        end_time = None
     return JobInfo(
         job_id=int(get("id")),
         state=str(get("state", "UNKNOWN")),
@@ -246,7 +255,7 @@ def job_info_from_pyslurm(job: Any) -> JobInfo:
         submit_time=epoch("submit_time"),
         eligible_time=epoch("eligible_time"),
         start_time=epoch("start_time"),
-        end_time=epoch("end_time"),
+        end_time=end_time,
         preempt_time=epoch("preempt_time"),
         time_limit=int(limit) * 60 if isinstance(limit, (int, float)) else None,
         run_time=get("run_time"),
