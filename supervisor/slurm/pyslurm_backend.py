@@ -1,11 +1,13 @@
-"""Slurm through pyslurm's C-API binding, for sites where a matching pyslurm is installed.
+"""Slurm through pyslurm's C-API binding, for sites where a pyslurm built for their release is installed.
 
 pyslurm builds only against the Slurm release it was made for (PyPI has 25.11 only;
-docs/slurm-versions.md), so this module imports it lazily and :func:`load_pyslurm` says
-why it cannot be used. Written against pyslurm's documented API (22.5.2+ ``pyslurm.Job``):
-``Job.load``, ``Job.requeue``, ``Job.modify(JobSubmitDescription(excluded_nodes=...))``,
-``Job.cancel`` and ``RPCError``. Submission goes through ``sbatch`` (pyslurm cannot take sbatch's
-command-line options), via :class:`~supervisor.slurm.cli_backend.SlurmCli`.
+docs/slurm-versions.md), so this module imports it lazily and :func:`load_pyslurm_explained` says
+why it cannot be used. Uses the ``pyslurm.Job`` API (22.5.2+): ``Job.load``, ``Job.requeue``,
+``Job.modify(JobSubmitDescription(excluded_nodes=...))``, ``Job.cancel``, ``Job.release`` and
+``RPCError``; tested against the real 22.5.x and 24.11.x bindings on real 22.05 and 24.11
+controllers, field by field against the CLI backend (tests/test_pyslurm_cluster.py). Submission
+goes through ``sbatch`` (pyslurm cannot take sbatch's command-line options), and the configuration
+reads (grace, node state) through the CLI, via :class:`~supervisor.slurm.cli_backend.SlurmCli`.
 """
 
 from __future__ import annotations
