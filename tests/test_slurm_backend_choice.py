@@ -39,3 +39,30 @@ def test_run_start_names_the_backend_and_why_and_a_local_run_names_none() -> Non
     made: list[int] = []
     assert _backend_fields(BackgroundSlurm(None, lambda: made.append(1))) == {}
     assert made == []  # a local run never makes a backend
+
+
+def test_a_pyslurm_whose_import_would_end_the_process_is_not_imported(tmp_path, monkeypatch) -> None:
+    """libslurm exits the process when pyslurm is imported without a slurm.conf (the real 22.05
+    build does): the supervisor tries the import in a child first and keeps the CLI."""
+    package = tmp_path / "pyslurm"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import sys\nprint('python3: fatal: Could not establish a configuration source', file=sys.stderr)\n"
+        "sys.stderr.flush()\nimport os\nos._exit(1)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    chosen = get_backend()
+    assert chosen.name == "cli"
+    assert "ends the process" in chosen.choice.reason  # type: ignore[attr-defined]
+    assert "Could not establish a configuration source" in chosen.choice.reason  # type: ignore[attr-defined]
+
+
+def test_a_pyslurm_record_without_a_time_limit_has_no_end_ahead_as_scontrol_shows_it() -> None:
+    from supervisor.slurm.pyslurm_backend import job_info_from_pyslurm
+
+    pending = types.SimpleNamespace(id=5, state="PENDING", time_limit=None, end_time=6091154903)
+    assert job_info_from_pyslurm(pending, now=1_800_000_000).end_time is None  # the controller's placeholder
+    limited = types.SimpleNamespace(id=5, state="RUNNING", time_limit=60, end_time=1_800_003_600)
+    assert job_info_from_pyslurm(limited, now=1_800_000_000).end_time == 1_800_003_600.0
+    ended = types.SimpleNamespace(id=5, state="COMPLETED", time_limit=None, end_time=1_700_000_000)
+    assert job_info_from_pyslurm(ended, now=1_800_000_000).end_time == 1_700_000_000.0
