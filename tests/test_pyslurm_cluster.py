@@ -13,6 +13,7 @@ import time
 
 import pytest
 from pyslurm_cluster import PYSLURM_RELEASES, build_pyslurm, ok, probe
+from slurm_cluster import ClusterError
 
 pytestmark = pytest.mark.slurm
 
@@ -32,7 +33,12 @@ MUST_COMPARE_RUNNING = {"job_id", "state", "name", "partition", "restarts", "req
 def site(slurm_cluster) -> str:
     if slurm_cluster.label not in PYSLURM_RELEASES:
         pytest.skip(f"no pyslurm exists for Slurm {slurm_cluster.label} (only {', '.join(PYSLURM_RELEASES)})")
-    return build_pyslurm(slurm_cluster.label)
+    try:
+        return build_pyslurm(slurm_cluster.label)
+    except ClusterError as exc:
+        if os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no"):
+            raise  # CI must build it (.ci/run's pyslurm stage): never a silent skip there
+        pytest.skip(f"pyslurm could not be built here: {str(exc)[-300:]}")
 
 
 def compare(answer: dict) -> set[str]:
