@@ -9,9 +9,11 @@ report must be equal. 26.05 has no pyslurm upstream: .ci/run does not run this f
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
+from helpers import REPO, events_named
 from pyslurm_cluster import PYSLURM_RELEASES, build_pyslurm, ok, probe
 from slurm_cluster import ClusterError
 
@@ -152,3 +154,21 @@ def test_auto_picks_the_cli_where_pyslurm_does_not_match_the_controller(slurm_cl
     [choice] = probe(slurm_cluster, os.pathsep.join([str(tmp_path / "fake"), site]), ["choice"])
     assert ok(choice)["name"] == "cli"
     assert "built for Slurm 21.08" in ok(choice)["reason"] and str(slurm_cluster.version) in ok(choice)["reason"]
+
+
+def test_run_start_says_which_backend_auto_picked_inside_a_job(slurm_cluster, slurm_job_dir, site):
+    """A supervisor in a Slurm job picks pyslurm where the matching build is on its path and the CLI
+    where it is not, and its run_start says which and why."""
+    runs = {name: slurm_job_dir / f"run-{name}" for name in ("pyslurm", "cli")}
+    paths = {"pyslurm": os.pathsep.join([str(REPO), site]), "cli": str(REPO)}
+    lines = ["#!/bin/bash"]
+    for name, run_dir in runs.items():
+        lines.append(f"PYTHONPATH={paths[name]} {sys.executable} -m supervisor run --run-dir {run_dir} -- "
+                     f"{sys.executable} -c \"print('step 1')\"")
+    result = slurm_cluster.run_job("\n".join(lines) + "\n", "-o", f"{slurm_job_dir}/pick-%j.out", timeout=120)
+    assert result.info.state == "COMPLETED", result.output
+    picked = {name: events_named(run_dir, "run_start")[0] for name, run_dir in runs.items()}
+    assert picked["pyslurm"]["slurm_backend"] == "pyslurm"
+    assert f"built for Slurm {slurm_cluster.label} matches the controller" in picked["pyslurm"]["slurm_backend_reason"]
+    assert picked["cli"]["slurm_backend"] == "cli"
+    assert "No module named 'pyslurm'" in picked["cli"]["slurm_backend_reason"]
