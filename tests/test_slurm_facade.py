@@ -337,8 +337,10 @@ class _StandInRPCError(Exception):
 def stand_in_pyslurm(jobs: dict[int, dict]) -> types.ModuleType:
     """A stand-in for pyslurm: the real one cannot be built against this host's Slurm 22.05."""
     module = types.ModuleType("pyslurm")
-    module.__version__ = "25.11.2"
+    module.__version__ = "25.11.0"  # pyslurm's own release, not the controller's Slurm
     module.RPCError = _StandInRPCError
+    module.slurm_api_version = lambda: (25, 11, 1)  # the headers it was built against
+    module.config = lambda: types.SimpleNamespace(get=lambda: {"version": "25.11.2"})  # the controller
     requeued: list[int] = []
 
     class Job:
@@ -371,8 +373,13 @@ def test_auto_uses_the_cli_here_and_pyslurm_is_refused_with_the_reason() -> None
 
 def test_auto_prefers_pyslurm_when_it_imports() -> None:
     module = stand_in_pyslurm({})
-    assert isinstance(get_backend(importer=lambda name: module), PyslurmBackend)
+    chosen = get_backend(importer=lambda name: module)
+    assert isinstance(chosen, PyslurmBackend) and "matches the controller (25.11.2)" in chosen.choice.reason
     assert isinstance(get_backend("cli", importer=lambda name: module), SlurmCli)
+    module.config = lambda: types.SimpleNamespace(get=lambda: {"version": "26.05.1"})  # another release
+    chosen = get_backend(importer=lambda name: module)
+    assert isinstance(chosen, SlurmCli) and "built for Slurm 25.11" in chosen.choice.reason
+    assert isinstance(get_backend("pyslurm", importer=lambda name: module), PyslurmBackend)  # forced
 
     def broken(name: str):
         raise OSError("libslurm.so.38: cannot open shared object file")

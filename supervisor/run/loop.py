@@ -190,7 +190,7 @@ class Runner:
                  checkpoint_dir=str(ctx.layout.ckpt_dir), argv=ctx.argv, config_hash=ctx.cfg.config_hash(),
                  host=ctx.host, pid=os.getpid(), job_id=ctx.slurm_env.job_id,
                  restart_count=ctx.slurm_env.restart_count, version=__version__,
-                 control=getattr(ctx.channel, "address", None))
+                 control=getattr(ctx.channel, "address", None), **_backend_fields(ctx.slurm))
         ctx.layout.ckpt_dir.mkdir(parents=True, exist_ok=True)
         while True:
             attempt_no += 1
@@ -573,3 +573,13 @@ def _shield_kwargs(signals: tuple[int, ...]) -> dict[str, Any]:
     """``ChildSpec``'s shield option, where the child module offers it."""
     fields = getattr(ChildSpec, "__dataclass_fields__", {})
     return {"shield_signals": signals} if "shield_signals" in fields and signals else {}
+
+
+def _backend_fields(slurm: Any) -> dict[str, str]:
+    """``slurm_backend`` / ``slurm_backend_reason`` for run_start: which Slurm backend (cli, pyslurm)
+    this run uses and why (supervisor/slurm/choice.py); nothing in a local run."""
+    ask = getattr(slurm, "backend_choice", None)
+    choice = ask() if callable(ask) else None
+    if choice is None:
+        return {}
+    return {"slurm_backend": choice.name, "slurm_backend_reason": choice.reason}

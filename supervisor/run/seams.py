@@ -186,6 +186,7 @@ class InboxWaker:
 
 GRACE_TRIES = 5  # reads of the configured grace before the default grace is kept for the run
 VERSION_WAIT_S = 3.0  # the first ask for the Slurm version waits at most this long
+BACKEND_WAIT_S = 10.0  # run_start waits at most this long to say which backend (a trial import of pyslurm)
 
 
 @dataclass
@@ -217,11 +218,32 @@ class BackgroundSlurm:
         self._grace_tries = 0
         self._grace_reading = False  # one read at a time, however many record queries overlap it
         self._version_thread: threading.Thread | None = None
+        self._backend_lock = threading.Lock()  # one backend, however many worker threads ask first
 
     def _get_backend(self) -> Any:
-        if self._backend is None:
-            self._backend = self._factory()
-        return self._backend
+        with self._backend_lock:
+            if self._backend is None:
+                self._backend = self._factory()
+            return self._backend
+
+    def backend_choice(self, timeout: float = BACKEND_WAIT_S) -> Any | None:
+        """Which backend this run uses and why (``slurm.BackendChoice``), for ``run_start``: the
+        backend is made on a worker thread, waited for at most ``timeout`` seconds (None after
+        that, or in a local run, which never makes one)."""
+        if not self.job_id:
+            return None
+        box: dict[str, Any] = {}
+
+        def make() -> None:
+            try:
+                box["choice"] = getattr(self._get_backend(), "choice", None)
+            except Exception as exc:  # the first query will say it again, with its retries
+                log.warning("cannot set up the Slurm backend: %s", exc)
+
+        thread = threading.Thread(target=make, daemon=True, name="slurm-backend")
+        thread.start()
+        thread.join(timeout)
+        return box.get("choice")
 
     def _query(self) -> None:
         try:

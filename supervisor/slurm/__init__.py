@@ -2,7 +2,8 @@
 
     from supervisor.slurm import SlurmEnv, get_backend, needs_explicit_requeue
     env = SlurmEnv.from_environ(os.environ)
-    slurm = get_backend()                 # pyslurm where it imports, else the CLI (any version)
+    slurm = get_backend()                 # pyslurm where it imports and matches the controller, else the CLI
+    slurm.choice                          # BackendChoice(name, reason): what run_start records
     info = slurm.job_info(env.job_id)     # JobInfo | None; info.grace_deadline during grace
     version = slurm.version()             # SlurmVersion: .requeues_on_exit_during_grace, ...
     verdict = stop_cause(info, time.time(), "TERM", version=version, expected_restarts=env.restart_count)
@@ -31,7 +32,8 @@ from .parse import (
     parse_scontrol_job,
     parse_version,
 )
-from .pyslurm_backend import PyslurmBackend, load_pyslurm
+from .choice import BackendChoice, choose_backend
+from .pyslurm_backend import PyslurmBackend, built_for, load_pyslurm, load_pyslurm_explained
 from .requeue_policy import RequeueNeed, needs_explicit_requeue, requeue_need
 from .stop_cause import StopCause, StopVerdict, stop_cause
 from .version import SlurmVersion, SlurmVersionError
@@ -40,6 +42,7 @@ BACKEND_CHOICES = ("auto", "cli", "pyslurm")
 
 __all__ = [
     "BACKEND_CHOICES",
+    "BackendChoice",
     "JobInfo",
     "PyslurmBackend",
     "RequeueNeed",
@@ -51,8 +54,10 @@ __all__ = [
     "SlurmVersionError",
     "StopCause",
     "StopVerdict",
+    "choose_backend",
     "expand_hostlist",
     "get_backend",
+    "load_pyslurm",
     "needs_explicit_requeue",
     "parse_sbatch_job_id",
     "parse_scontrol_job",
@@ -68,22 +73,38 @@ def get_backend(
     importer: Callable[[str], ModuleType] = importlib.import_module,
     **cli_options: Any,
 ) -> SlurmBackend:
-    """The Slurm backend to use: ``auto`` = pyslurm when it imports against this libslurm, else
-    the CLI; ``cli`` / ``pyslurm`` force one (``pyslurm`` raises when it cannot be used).
-    ``env`` and ``cli_options`` (timeout, attempts, backoff) configure the CLI backend."""
+    """The Slurm backend to use: ``auto`` = pyslurm when it imports here **and** was built for the
+    controller's major.minor (asked over pyslurm itself), else the CLI; ``cli`` / ``pyslurm`` force
+    one (``pyslurm`` raises when it does not import). The backend's ``choice`` attribute holds the
+    :class:`BackendChoice` (name and reason). ``env`` and ``cli_options`` (timeout, attempts,
+    backoff) configure the CLI backend, which the pyslurm backend also uses for sbatch and the
+    configuration reads."""
     if prefer not in BACKEND_CHOICES:
         choices = ", ".join(BACKEND_CHOICES)
         raise SlurmError(["get_backend", prefer], f"unknown Slurm backend {prefer!r}; use one of {choices}")
     cli = SlurmCli(env=env, **cli_options)
     if prefer == "cli":
-        return cli
-    module = load_pyslurm(importer)
-    if module is not None:
-        return PyslurmBackend(module, cli)
-    if prefer == "pyslurm":
-        raise SlurmError(
-            ["import", "pyslurm"],
-            "pyslurm is not importable here (it must be built for this Slurm release; PyPI has 25.11 only); "
-            "use the CLI backend",
-        )
-    return cli
+        return _with_choice(cli, choose_backend(prefer, None, None, None))
+    module, problem = load_pyslurm_explained(importer)
+    if module is None:
+        if prefer == "pyslurm":
+            raise SlurmError(
+                ["import", "pyslurm"],
+                f"pyslurm is not importable here ({problem}; it must be built for this Slurm release, "
+                "PyPI has 25.11 only); use the CLI backend",
+            )
+        return _with_choice(cli, choose_backend(prefer, problem, None, None))
+    backend = PyslurmBackend(module, cli)
+    controller, controller_problem = None, None
+    if prefer == "auto":
+        try:
+            controller = backend.version()
+        except SlurmError as err:
+            controller_problem = str(err)
+    choice = choose_backend(prefer, None, built_for(module), controller, controller_problem)
+    return _with_choice(backend if choice.name == "pyslurm" else cli, choice)
+
+
+def _with_choice(backend: Any, choice: BackendChoice) -> Any:
+    backend.choice = choice
+    return backend

@@ -20,6 +20,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_expo
 
 from ..errors import SlurmError
 from .backend import RequeueResult
+from .choice import BackendChoice
 from .grace import ClusterGrace, grace_from
 from .parse import (
     JobInfo,
@@ -74,6 +75,7 @@ class SlurmCli:
     first wait between tries (doubling, capped at ``max_backoff``)."""
 
     name = "cli"
+    choice: BackendChoice | None = None  # why get_backend picked this backend (run_start records it)
 
     def __init__(
         self,

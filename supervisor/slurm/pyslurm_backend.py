@@ -1,22 +1,29 @@
-"""Slurm through pyslurm's C-API binding, for sites where a matching pyslurm is installed.
+"""Slurm through pyslurm's C-API binding, for sites where a pyslurm built for their release is installed.
 
 pyslurm builds only against the Slurm release it was made for (PyPI has 25.11 only;
-docs/slurm-versions.md), so this module imports it lazily and :func:`load_pyslurm` says
-why it cannot be used. Written against pyslurm's documented API (22.5.2+ ``pyslurm.Job``):
-``Job.load``, ``Job.requeue``, ``Job.modify(JobSubmitDescription(excluded_nodes=...))``,
-``Job.cancel`` and ``RPCError``. Submission goes through ``sbatch`` (pyslurm cannot take sbatch's
-command-line options), via :class:`~supervisor.slurm.cli_backend.SlurmCli`.
+docs/slurm-versions.md), so this module imports it lazily and :func:`load_pyslurm_explained` says
+why it cannot be used. Uses the ``pyslurm.Job`` API (22.5.2+): ``Job.load``, ``Job.requeue``,
+``Job.modify(JobSubmitDescription(excluded_nodes=...))``, ``Job.cancel``, ``Job.release`` and
+``RPCError``; tested against the real 22.5.x and 24.11.x bindings on real 22.05 and 24.11
+controllers, field by field against the CLI backend (tests/test_pyslurm_cluster.py). Submission
+goes through ``sbatch`` (pyslurm cannot take sbatch's command-line options), and the configuration
+reads (grace, node state) through the CLI, via :class:`~supervisor.slurm.cli_backend.SlurmCli`.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 from ..errors import SlurmError
 from .backend import RequeueResult
+from .choice import BackendChoice
 from .cli_backend import SlurmCli, slurm_error
 from .grace import ClusterGrace
 from .parse import JobInfo, SlurmParseError, expand_hostlist, parse_version
@@ -28,31 +35,114 @@ _INVALID_JOB = "Invalid job id"
 
 def load_pyslurm(importer: Callable[[str], ModuleType] = importlib.import_module) -> ModuleType | None:
     """pyslurm if it imports against this host's libslurm and has the modern Job API, else None."""
+    return load_pyslurm_explained(importer)[0]
+
+
+def load_pyslurm_explained(
+    importer: Callable[[str], ModuleType] = importlib.import_module,
+) -> tuple[ModuleType | None, str | None]:
+    """(pyslurm, None) when it can be used, else (None, why not) in one line."""
+    if importer is importlib.import_module:
+        exits = import_exits_the_process()
+        if exits is not None:
+            return None, exits
     try:
         module = importer("pyslurm")
-    except Exception:  # noqa: BLE001 (ImportError, or a libslurm symbol/version mismatch raised at import)
-        return None
+    except Exception as exc:  # noqa: BLE001 (ImportError, or a libslurm symbol/version mismatch raised at import)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return None, f"import pyslurm failed ({type(exc).__name__}: {first[:200]})"
     if not all(hasattr(module, name) for name in ("Job", "JobSubmitDescription", "RPCError")):
-        return None  # a pre-22.5.2 pyslurm without the Job class
-    return module
+        return None, "this pyslurm predates 22.5.2 (no pyslurm.Job API)"
+    return module, None
+
+
+def import_exits_the_process(timeout: float = 30.0) -> str | None:
+    """Why importing pyslurm here would end this process, or None. libslurm reads slurm.conf when
+    pyslurm is imported and, when it finds none (no SLURM_CONF, no /etc/slurm, no configless
+    source), exits the whole process: seen with the real 22.05 build. So the first import is tried
+    in a child process; pyslurm not installed (nothing to try) or already imported costs nothing."""
+    if "pyslurm" in sys.modules:
+        return None
+    try:
+        if importlib.util.find_spec("pyslurm") is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    try:
+        proc = subprocess.run([sys.executable, "-c", "import pyslurm"], capture_output=True, text=True,
+                              timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"a trial import of pyslurm did not finish ({exc})"
+    if proc.returncode == 0:
+        return None
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    last = said[-1][:200] if said else "no message"
+    return f"importing pyslurm ends the process here (exit {proc.returncode}: {last})"
+
+
+def built_for(module: ModuleType) -> SlurmVersion | None:
+    """The Slurm release pyslurm was compiled against: ``slurm_api_version()`` (the headers' version,
+    e.g. (22, 5, 8)), else the major.minor of pyslurm's own version (22.5.3 -> 22.05)."""
+    api = getattr(module, "slurm_api_version", None)
+    try:
+        if callable(api):
+            return SlurmVersion.of(tuple(int(v) for v in api()))
+    except Exception:  # noqa: BLE001 (a binding that cannot say: fall back to its package version)
+        pass
+    text = str(getattr(module, "__version__", "") or "")
+    try:
+        major, minor = SlurmVersion.parse(text)[:2]
+    except ValueError:
+        return None
+    return SlurmVersion(major, minor, 0)
+
+
+def controller_version_text(module: ModuleType) -> str:
+    """The controller's SLURM_VERSION, asked over pyslurm's RPC (its configuration): the 24.11+ API
+    ``slurmctld.Config.load().version``, else the older ``config().get()["version"]``."""
+    slurmctld = getattr(module, "slurmctld", None)
+    config_class = getattr(slurmctld, "Config", None)
+    if config_class is not None and hasattr(config_class, "load"):
+        version = getattr(config_class.load(), "version", None)  # 22.5.x has the class, not the field
+        if version:
+            return str(version)
+    return str(module.config().get()["version"])
 
 
 class PyslurmBackend:
     """The same interface as :class:`SlurmCli`, through pyslurm."""
 
     name = "pyslurm"
+    choice: BackendChoice | None = None  # why get_backend picked this backend (run_start records it)
 
     def __init__(self, module: ModuleType, cli: SlurmCli | None = None) -> None:
         self._pyslurm = module
         self._cli = cli or SlurmCli()
+        self._version: SlurmVersion | None = None
 
     def version(self) -> SlurmVersion:
-        """pyslurm's version: its major.minor equals the Slurm release it was built against."""
-        text = str(getattr(self._pyslurm, "__version__", "") or self._call(["version"], self._pyslurm.version))
-        try:
-            return parse_version(text)
-        except SlurmParseError as exc:
-            raise slurm_error(["pyslurm.version"], str(exc)) from exc
+        """The controller's Slurm version (asked once), e.g. SlurmVersion(22, 5, 8). Not pyslurm's own
+        package version: 22.5.3 is the binding's release on the 22.05 branch, not Slurm's patch level."""
+        if self._version is None:
+            argv = ["pyslurm.config", "version"]
+            try:
+                text = self._call(argv, controller_version_text, self._pyslurm)
+            except SlurmError:
+                raise
+            except Exception as exc:  # the older API raises ValueError with slurm_strerror's words
+                raise slurm_error(argv, str(exc) or type(exc).__name__) from exc
+            try:
+                self._version = parse_version(text)
+            except SlurmParseError as exc:
+                raise slurm_error(argv, str(exc)) from exc
+        return self._version
+
+    def built_for(self) -> SlurmVersion | None:
+        """The Slurm release this pyslurm was compiled against (see :func:`built_for`)."""
+        return built_for(self._pyslurm)
+
+    def node_state(self, node: str) -> str | None:
+        return self._cli.node_state(node)  # used to check an exclude list's nodes: rare, the CLI is enough
 
     def job_info(self, job_id: int | str) -> JobInfo | None:
         argv = ["pyslurm.Job.load", str(job_id)]
@@ -86,7 +176,7 @@ class PyslurmBackend:
             except SlurmError as err:
                 after = check_requeue(self.job_info(job), expected_restarts)
                 if not (after.already_requeued or ALREADY_PENDING_MESSAGE in str(err)):
-                    raise
+                    raise SlurmCli._explain_requeue_error(["pyslurm.Job.requeue", job], err) from err
                 reason = f"already requeued (slurmctld: {err})"
         if exclude:
             try:
@@ -129,8 +219,11 @@ class PyslurmBackend:
             raise slurm_error(argv, message, getattr(exc, "errno", None), message) from exc
 
 
-def job_info_from_pyslurm(job: Any) -> JobInfo:
-    """Map a ``pyslurm.Job`` onto :class:`JobInfo` (pyslurm gives epoch ints and a time limit in minutes)."""
+def job_info_from_pyslurm(job: Any, now: float | None = None) -> JobInfo:
+    """Map a ``pyslurm.Job`` onto :class:`JobInfo` (pyslurm gives epoch ints and a time limit in minutes),
+    as ``scontrol show job`` shows it: a job without a time limit whose end lies ahead has no known
+    end (scontrol prints ``EndTime=Unknown``; pyslurm passes on the controller's placeholder, e.g.
+    a pending requeued job's end in the year 2163)."""
 
     def get(name: str, default: Any = None) -> Any:
         value = getattr(job, name, default)
@@ -146,6 +239,9 @@ def job_info_from_pyslurm(job: Any) -> JobInfo:
 
     limit = get("time_limit")
     nodes = text("allocated_nodes")
+    end_time = epoch("end_time")
+    if limit is None and end_time is not None and end_time > (time.time() if now is None else now):
+        end_time = None
     return JobInfo(
         job_id=int(get("id")),
         state=str(get("state", "UNKNOWN")),
@@ -161,7 +257,7 @@ def job_info_from_pyslurm(job: Any) -> JobInfo:
         submit_time=epoch("submit_time"),
         eligible_time=epoch("eligible_time"),
         start_time=epoch("start_time"),
-        end_time=epoch("end_time"),
+        end_time=end_time,
         preempt_time=epoch("preempt_time"),
         time_limit=int(limit) * 60 if isinstance(limit, (int, float)) else None,
         run_time=get("run_time"),
