@@ -276,6 +276,8 @@ class SupervisorConfig:
     max_steps: int | None = None  # the training's last step, for the ETA in `supervise status`; a client's
     # heartbeat(step, max_steps=N) (the Lightning and HF callbacks send theirs) wins over it
     config_files: tuple[str, ...] = ()  # training config files hashed into the manifest
+    probe_software: bool = True  # the manifest asks the child's Python for its torch/CUDA versions: one
+    # interpreter start and `import torch` per attempt, in the background (1-5 s of CPU; off where that hurts)
     preflight: tuple[str, ...] = ()  # "gpu": run the GPU health check before each attempt
     policy: Mapping[FailureClass, ClassPolicy] = field(default_factory=lambda: dict(DEFAULT_POLICY))
     budget: BudgetConfig = field(default_factory=BudgetConfig)

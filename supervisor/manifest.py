@@ -361,7 +361,9 @@ def collect_manifest(
     deadline = started + timeout
     cwd = Path(cwd).absolute()
     search_path = environ.get("PATH", os.defpath)  # what the child's exec will search
-    if child_python is None:
+    if not config.probe_software:
+        child_python, how = None, "not probed (probe_software: false)"
+    elif child_python is None:
         child_python, how = find_child_python(argv, lambda name: shutil.which(name, path=search_path))
     else:
         how = "given by the caller"

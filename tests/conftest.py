@@ -32,6 +32,10 @@ import slurm_cluster as cluster_lib
 # deliberate GPU failure must not get a real node excluded, nor one test's nodes another's.
 _LEDGER_DIR = Path(os.environ.get("PYTEST_NODES_LEDGER_DIR") or f"/tmp/supervise-test-ledger-{os.getpid()}")
 os.environ.setdefault("SUPERVISE_NODES__LEDGER", str(_LEDGER_DIR / "nodes.jsonl"))
+# The manifest's software probe starts the child's interpreter and imports torch at every attempt
+# (1-5 s of CPU, and a short run waits for it before exiting): hundreds of test runs would pay it
+# for nothing. The tests of the probe itself turn it back on (SUPERVISE_PROBE_SOFTWARE=true).
+os.environ.setdefault("SUPERVISE_PROBE_SOFTWARE", "false")
 
 SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_job_dir", "slurm_version"})
 # Not SUPERVISE_*: the supervisor reads every SUPERVISE_* variable as a config key (and refuses

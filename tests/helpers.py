@@ -19,6 +19,7 @@ def supervise_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SUPERVISE_", "SUPERVISOR_"))}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["PYTHONUNBUFFERED"] = "1"
+    env["SUPERVISE_PROBE_SOFTWARE"] = "false"  # tests/conftest.py says why; a test of the probe passes "true"
     if extra:
         env.update(extra)
     return env

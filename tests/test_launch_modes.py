@@ -35,6 +35,9 @@ def supervise_exe() -> str:
     return found if found else f"{PY} -m supervisor"
 
 
+PROBE_ON = {"SUPERVISE_PROBE_SOFTWARE": "true"}  # the software probe, off elsewhere in the tests (conftest.py)
+
+
 def job_preamble() -> str:
     """The job's python must import this checkout (sbatch --export=ALL is the default)."""
     return f"#!/bin/bash\nexport PYTHONPATH={REPO}:$PYTHONPATH\nexport PYTHONUNBUFFERED=1\ncd {REPO}\n"
@@ -47,7 +50,7 @@ def test_local_run_completes_with_valid_checkpoints_and_a_manifest_of_the_childs
     import torch
 
     run_dir = tmp_path / "run"
-    res = run_supervise(["run", "--run-dir", str(run_dir), "--", PY, PLAIN, "--steps", "20"])
+    res = run_supervise(["run", "--run-dir", str(run_dir), "--", PY, PLAIN, "--steps", "20"], env=PROBE_ON)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "training complete at step 20" in res.stdout
     end = events_named(run_dir, "run_end")
@@ -73,7 +76,7 @@ def test_an_attempt_that_ends_before_the_provenance_probe_still_gets_its_manifes
     import torch
 
     run_dir = tmp_path / "run"
-    res = run_supervise(["run", "--run-dir", str(run_dir), "--", PY, "-c", "print('done at once')"])
+    res = run_supervise(["run", "--run-dir", str(run_dir), "--", PY, "-c", "print('done at once')"], env=PROBE_ON)
     assert res.returncode == 0, res.stderr[-3000:]
     manifest = run_dir / "supervisor" / "manifest-1.json"
     assert manifest.exists(), "the supervisor exited without writing manifest-1.json"
