@@ -445,7 +445,8 @@ class SubmitLoop:
     restarting controller) before giving up with the error. Never cancels a job.
 
     A QOS limit (slurm/qos_limits.py) is waited out: an sbatch refused by one is tried again, a job
-    pending on one is looked at less and less often (``poll`` doubled up to ``limit_wait_cap``);
+    pending on one is looked at less and less often (``poll`` doubled up to ``limit_wait_cap``,
+    by default 8 polls and at most 5 minutes);
     either is said in the log, never counted as a submission, a failure or a reason to give up.
     """
 
@@ -466,7 +467,7 @@ class SubmitLoop:
         sleep: Callable[[float], None] = time.sleep,
         nodes: Any = None,
         environ: Mapping[str, str] | None = None,
-        limit_wait_cap: float = 300.0,
+        limit_wait_cap: float | None = None,
     ) -> None:
         if max_submissions < 1:
             raise UsageError(f"--max-submissions: got {max_submissions}; at least 1")
@@ -486,7 +487,8 @@ class SubmitLoop:
         self.excluded: tuple[str, ...] = ()
         self.nodes = nodes  # config.NodesConfig: the node health ledger shared by the user's runs
         self.environ = environ
-        self.limit_wait_cap = max(poll, limit_wait_cap)
+        # a QOS limit is looked at again after poll, 2 poll, 4 poll ... at most 8 polls (and 5 min) apart
+        self.limit_wait_cap = max(poll, limit_wait_cap if limit_wait_cap is not None else min(300.0, 8 * poll))
         self.limit_waits = 0  # how often a QOS limit held the run back (submissions and pending polls)
 
     def _ledger_exclusions(self) -> list[Any]:

@@ -303,9 +303,6 @@ def test_wall_time_over_the_qos_max_wall_is_refused_before_any_submission(qos_cl
     assert "--time=10" in lines[0] and "MaxWall=00:05:00" in lines[0] and "QOS extra" in lines[0]
     assert not (run_dir / "supervisor" / "submissions.jsonl").exists()
     assert not qos_cluster.queued_jobs()  # nothing was submitted
-    # What fits is submitted: the same script with --time=4 on the command line runs to the end.
-    rc, result, err = _run_submit(qos_cluster, qos_job_dir, script, "--", "--time=4")
-    assert rc == 0 and json.loads(result)["outcome"] == "complete", err
 
 
 def _run_submit(cluster, job_dir: Path, script: Path, *args: str) -> tuple[int, str, str]:
