@@ -29,6 +29,7 @@ Exit codes:
   2   usage or config error; nothing was started
   3   another live supervisor holds the run directory
   4   stopped by policy (budget exhausted, crash loop, resume audit)
+  5   submit: --time over the QOS's MaxWall; nothing was submitted
   75  not finished: handed back to Slurm / the resubmission loop
   N   supervise run: the child's own status when it failed and policy said stop
       (128+S when it died of signal S)
