@@ -66,6 +66,10 @@ class Accounting:
         return self.base / "db"
 
     @property
+    def tmp_dir(self) -> Path:
+        return self.base / "db-tmp"
+
+    @property
     def socket(self) -> Path:
         return self.base / "run" / "mariadb.sock"
 
@@ -125,14 +129,18 @@ def start_accounting(cluster: Cluster, acct: Accounting, spawn: Callable[[str, l
                               "install with `apt-get install -y mariadb-server`")
     t0 = time.monotonic()
     acct.data_dir.mkdir(parents=True, exist_ok=True)
+    acct.tmp_dir.mkdir(parents=True, exist_ok=True)
+    # --tmpdir: MariaDB's temporary tables stay in the cluster's directory too (a shared /tmp that
+    # someone cleans under it makes mariadb-install-db fail).
     _run(["mariadb-install-db", "--no-defaults", f"--datadir={acct.data_dir}", "--user=root",
-          "--auth-root-authentication-method=socket", "--skip-test-db"], "mariadb-install-db", acct.base)
+          "--auth-root-authentication-method=socket", "--skip-test-db", f"--tmpdir={acct.tmp_dir}"],
+         "mariadb-install-db", acct.base)
     acct.timings["db_init_s"] = round(time.monotonic() - t0, 2)
 
     t1 = time.monotonic()
     spawn("mariadbd", [
         "/usr/sbin/mariadbd", "--no-defaults", f"--datadir={acct.data_dir}", f"--socket={acct.socket}",
-        f"--port={acct.db_port}", "--bind-address=127.0.0.1", "--user=root", "--skip-name-resolve",
+        f"--port={acct.db_port}", "--bind-address=127.0.0.1", f"--tmpdir={acct.tmp_dir}", "--user=root", "--skip-name-resolve",
         f"--pid-file={acct.base / 'run' / 'mariadbd.pid'}", f"--log-error={acct.base / 'log' / 'mariadb.log'}",
         "--innodb-buffer-pool-size=64M", "--innodb-flush-log-at-trx-commit=0", "--skip-log-bin",
         "--innodb-lock-wait-timeout=900", "--max-allowed-packet=16M",

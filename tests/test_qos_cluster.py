@@ -65,13 +65,11 @@ def qos_cluster(slurm_version: str, request: pytest.FixtureRequest) -> Iterator[
         pytest.skip(message)
     took = time.monotonic() - started
     timings = cluster.read_state().get("accounting", {}).get("timings", {})
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     line = (f"accounting cluster (Slurm {cluster.label}) up in {took:.1f} s; database and slurmdbd: "
             + ", ".join(f"{k} {v}" for k, v in timings.items()))
-    if reporter is not None:
-        reporter.write_line("\n" + line)
-    else:
-        print(line, file=sys.stderr)
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print(f"\n{line}", file=sys.stderr, flush=True)  # shown in the CI log, not only on a failure
     try:
         yield cluster
     finally:
