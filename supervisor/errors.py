@@ -13,6 +13,7 @@ class ExitCode:
     USAGE = 2  # bad command line, config, or input path
     LOCKED = 3  # another live supervisor holds the run directory
     STOPPED = 4  # run stopped by policy: budget exhausted, crash loop, resume audit failed
+    QOS_LIMIT = 5  # submit: the job asks for what its QOS never allows (wall time over MaxWall)
     REQUEUE = 75  # EX_TEMPFAIL: training not finished, handed back to Slurm / the resubmission loop
 
 
@@ -26,6 +27,13 @@ class UsageError(SupervisorError):
     """The user asked for something that cannot work: bad flag, missing command, bad path."""
 
     exit_code = ExitCode.USAGE
+
+
+class QosLimitError(UsageError):
+    """The job can never run under its QOS (e.g. ``--time`` over the QOS's MaxWall): refused before
+    the first submission, so nothing waits in the queue forever."""
+
+    exit_code = ExitCode.QOS_LIMIT
 
 
 class ConfigError(UsageError):

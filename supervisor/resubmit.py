@@ -39,6 +39,7 @@ from .paths import RunPaths
 from .private import GROUP_READ, append_fd
 from .redact import redact_value
 from .slurm import JobInfo
+from .slurm.qos_limits import limit_of_pending_reason, limit_of_sbatch_error, wait_for_limit
 from .states import SubmitAction
 
 log = logging.getLogger("supervisor.submit")
@@ -428,11 +429,12 @@ class SubmitResult:
     run_dir: Path
     script: Path
     submissions: tuple[Submission, ...] = field(default_factory=tuple)
+    limit_waits: int = 0  # times a QOS limit held a submission or a pending job back (waited out)
 
     def to_json(self) -> dict[str, Any]:
         return {"outcome": self.outcome, "exit_code": self.exit_code, "reason": self.reason,
                 "run_dir": str(self.run_dir), "script": str(self.script),
-                "submissions": [s.to_json() for s in self.submissions]}
+                "submissions": [s.to_json() for s in self.submissions], "limit_waits": self.limit_waits}
 
 
 class SubmitLoop:
@@ -441,6 +443,11 @@ class SubmitLoop:
     ``backend``: the Slurm facade (``submit``, ``job_info``; its CLI backend retries transient
     failures). ``slurm_patience``: seconds of consecutive failed job queries tolerated (a
     restarting controller) before giving up with the error. Never cancels a job.
+
+    A QOS limit (slurm/qos_limits.py) is waited out: an sbatch refused by one is tried again, a job
+    pending on one is looked at less and less often (``poll`` doubled up to ``limit_wait_cap``,
+    by default 8 polls and at most 5 minutes);
+    either is said in the log, never counted as a submission, a failure or a reason to give up.
     """
 
     def __init__(
@@ -460,6 +467,7 @@ class SubmitLoop:
         sleep: Callable[[float], None] = time.sleep,
         nodes: Any = None,
         environ: Mapping[str, str] | None = None,
+        limit_wait_cap: float | None = None,
     ) -> None:
         if max_submissions < 1:
             raise UsageError(f"--max-submissions: got {max_submissions}; at least 1")
@@ -479,6 +487,9 @@ class SubmitLoop:
         self.excluded: tuple[str, ...] = ()
         self.nodes = nodes  # config.NodesConfig: the node health ledger shared by the user's runs
         self.environ = environ
+        # a QOS limit is looked at again after poll, 2 poll, 4 poll ... at most 8 polls (and 5 min) apart
+        self.limit_wait_cap = max(poll, limit_wait_cap if limit_wait_cap is not None else min(300.0, 8 * poll))
+        self.limit_waits = 0  # how often a QOS limit held the run back (submissions and pending polls)
 
     def _ledger_exclusions(self) -> list[Any]:
         """Nodes the ledger holds enough hardware evidence against (``nodes.exclude_after``)."""
@@ -541,7 +552,20 @@ class SubmitLoop:
         for item in from_ledger:
             log.warning("excluding %s: %s", item.node, item.reason)
         args = sbatch_args_with_exclude(self.sbatch_args, (*self.excluded, *(x.node for x in from_ledger)))
-        job_id = self.backend.submit(str(self.script), args)
+        tries = 0
+        while True:
+            try:
+                job_id = self.backend.submit(str(self.script), args)
+                break
+            except SlurmError as err:
+                limit = limit_of_sbatch_error(f"{getattr(err, 'stderr', '') or ''} {err}")
+                if limit is None:
+                    raise
+                wait = wait_for_limit(limit, tries, self.poll, self.limit_wait_cap, what="the submission")
+                log.warning("sbatch refused: %s; %s", err, wait.reason)
+                self.limit_waits += 1
+                tries += 1
+                self.sleep(wait.seconds)
         submission = Submission(job_id, reason)
         self.submissions.append(submission)
         append_submission(submissions_path(self.paths.run_dir), {
@@ -560,6 +584,7 @@ class SubmitLoop:
         shown = None
         restarts = 0
         warned_hold = False
+        limit_tries = 0
         seen_final: JobInfo | None = None
         failing_since: float | None = None
         while True:
@@ -597,6 +622,16 @@ class SubmitLoop:
             if line != shown:
                 log.info("%s", line)
                 shown = line
+            limit = limit_of_pending_reason(info.reason) if info.is_pending else None
+            if limit is not None:
+                wait = wait_for_limit(limit, limit_tries, self.poll, self.limit_wait_cap, what=f"job {job_id}")
+                if limit_tries == 0 or wait.seconds < self.limit_wait_cap:
+                    log.warning("%s (Slurm: %s)", wait.reason, info.reason)
+                self.limit_waits += 1
+                limit_tries += 1
+                self.sleep(wait.seconds)
+                continue
+            limit_tries = 0
             if info.is_finished:
                 # A requeue may pass through states that look final: believe it when seen twice.
                 if seen_final is not None and seen_final.restarts == info.restarts:
@@ -635,4 +670,5 @@ class SubmitLoop:
                 f"its place in the queue); check it with: squeue -j {current.job_id}")
 
     def _result(self, outcome: str, code: int, reason: str) -> SubmitResult:
-        return SubmitResult(outcome, code, reason, self.paths.run_dir, self.script, tuple(self.submissions))
+        return SubmitResult(outcome, code, reason, self.paths.run_dir, self.script, tuple(self.submissions),
+                            self.limit_waits)

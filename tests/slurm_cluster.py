@@ -46,10 +46,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_accounting import Accounting, QosSetup, start_accounting
 from supervisor.slurm import SlurmVersion
 from supervisor.slurm.parse import (
     FINISHED_STATES,
@@ -66,7 +67,7 @@ BUILD_SCRIPT = REPO / "tests" / "slurm_roots" / "build.sh"
 ENTER_SCRIPT = REPO / "tests" / "slurm_roots" / "enter.sh"
 ROOT_VERSIONS = {"24.11": "trixie", "26.05": "sid"}  # what build.sh knows how to build
 CLIENT_COMMANDS = ("sbatch", "srun", "salloc", "scontrol", "squeue", "scancel", "sinfo", "sacct", "sstat",
-                   "sprio", "sshare", "sdiag", "sattach", "strigger")
+                   "sprio", "sshare", "sdiag", "sattach", "strigger", "sacctmgr")
 
 DIR_PREFIX = "slurm-test-cluster-"  # fixture dirs: <tmp>/slurm-test-cluster-XXXX (owner pid recorded)
 MANUAL_DIR_NAME = "slurm-test-cluster"  # default dir of the command line; never auto-cleaned
@@ -429,11 +430,14 @@ def start_cluster(
     die_with_owner: bool = False,
     timeout: float = 30.0,
     install: SlurmInstall = HOST,
+    accounting: QosSetup | None = None,
 ) -> Cluster:
     """Start munged, slurmctld and two slurmd in ``base_dir`` (a fresh temp dir when None) and wait
     until both nodes are idle. ``owner_pid``: the process whose death makes the cluster stale (a
     later start cleans it up); ``die_with_owner``: the daemons get SIGTERM when the caller dies;
-    ``install``: the host's Slurm, or a root's (:func:`root_install`)."""
+    ``install``: the host's Slurm, or a root's (:func:`root_install`); ``accounting``: also a
+    MariaDB and a slurmdbd, QOS preemption (``preempt/qos``) with QOS ``extra`` set up so
+    (tests/slurm_accounting.py)."""
     missing = install.missing()
     if missing:
         where = "" if install.is_host else f" in the root {install.root}"
@@ -452,7 +456,8 @@ def start_cluster(
         if base.exists() and (base / "cluster.json").exists():
             stop_cluster_dir(base, keep=True)
         try:
-            return _start_once(base, grace_time, cred_expire, owner_pid, die_with_owner, timeout, install)
+            return _start_once(base, grace_time, cred_expire, owner_pid, die_with_owner, timeout, install,
+                               accounting)
         except ClusterError as exc:
             last_error = exc
             if "Address already in use" not in str(exc):
@@ -464,6 +469,7 @@ def start_cluster(
 def _start_once(
     base: Path, grace_time: int, cred_expire: int, owner_pid: int | None, die_with_owner: bool, timeout: float,
     install: SlurmInstall = HOST,
+    accounting: QosSetup | None = None,
 ) -> Cluster:
     for sub in ("etc", "state", "log", "run", "shared", "scripts", *(f"spool-{n}" for n in NODES)):
         (base / sub).mkdir(parents=True, exist_ok=True)
@@ -476,9 +482,11 @@ def _start_once(
     if not key.exists():
         key.write_bytes(os.urandom(1024))
     key.chmod(0o400)
-    ports = _free_ports(1 + len(NODES))
+    ports = _free_ports(1 + len(NODES) + (2 if accounting else 0))
+    acct = Accounting(base, ports.pop(), ports.pop(), accounting) if accounting else None
     version = installed_version(install)
-    conf = render_slurm_conf(base, ports, grace_time=grace_time, cred_expire=cred_expire, version=version)
+    conf = render_slurm_conf(base, ports, grace_time=grace_time, cred_expire=cred_expire, version=version,
+                             overrides=acct.conf_lines() if acct else None)
     cluster.conf_path.write_text(conf)
     (base / "etc" / "plugstack.conf").write_text("")
     if version.has_cgroup_plugin_disabled:  # no cgroups here; CgroupPlugin=disabled exists from 24.05
@@ -507,9 +515,20 @@ def _start_once(
         "slurmctld": [install.binary("slurmctld"), "-D", "-c", "-i", "-f", str(cluster.conf_path)],
         **{f"slurmd-{n}": [install.binary("slurmd"), "-D", "-N", n, "-f", str(cluster.conf_path)] for n in NODES},
     }
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout + (120 if acct else 0)  # a database's first start: tens of seconds
+
+    def spawn(name: str, argv: list[str], in_root: bool) -> int:
+        state["pids"][name] = _spawn((install.prefix() if in_root else []) + argv, daemon_env,
+                                     base / "log" / f"{name}.stderr", die_with_owner)
+        _write_json(cluster.state_file, state)
+        return state["pids"][name]
+
     try:
         for name, argv in commands.items():
+            if name == "slurmctld" and acct is not None:
+                start_accounting(cluster, acct, spawn, lambda ok, what: _wait_for(ok, deadline, what, cluster))
+                state["accounting"] = acct.to_state()
+                _write_json(cluster.state_file, state)
             state["pids"][name] = _spawn(install.prefix() + argv, daemon_env, base / "log" / f"{name}.stderr", die_with_owner)
             _write_json(cluster.state_file, state)
             if name == "munged":
@@ -548,10 +567,11 @@ def write_shims(shim_dir: Path, install: SlurmInstall) -> None:
 
 def render_slurm_conf(
     base: Path, ports: Sequence[int], grace_time: int, cred_expire: int,
-    version: SlurmVersion | tuple[int, int, int] = (22, 5, 8),
+    version: SlurmVersion | tuple[int, int, int] = (22, 5, 8), overrides: Mapping[str, str] | None = None,
 ) -> str:
     """The slurm.conf of the throwaway cluster, verified on 22.05.8, 24.11.5 and 26.05.5; the lines
-    that change with the release are picked by SlurmVersion capabilities (docs/slurm-versions.md)."""
+    that change with the release are picked by SlurmVersion capabilities (docs/slurm-versions.md).
+    ``overrides``: ``Key=value`` lines that replace the recipe's (accounting, QOS preemption)."""
     host = socket.gethostname().split(".")[0]
     version = SlurmVersion.of(version)
     task_plugin = "TaskPlugin=task/none" if version.has_task_none_plugin else "# TaskPlugin: task/none is gone from 23.11"
@@ -565,7 +585,7 @@ def render_slurm_conf(
         f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} CPUs={CPUS_PER_NODE} State=UNKNOWN"
         for name, port in zip(NODES, node_ports)
     )
-    return f"""# Throwaway test cluster written by tests/slurm_cluster.py; safe to delete with its directory.
+    text = f"""# Throwaway test cluster written by tests/slurm_cluster.py; safe to delete with its directory.
 ClusterName=sstest
 SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
@@ -606,6 +626,15 @@ PreemptMode=REQUEUE
 {extra}
 PartitionName=own Nodes=ALL Default=NO PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE State=UP
 """
+    for key, value in (overrides or {}).items():
+        lines = text.splitlines()
+        found = [i for i, line in enumerate(lines) if line.startswith(f"{key}=")]
+        if found:
+            lines[found[0]] = f"{key}={value}"
+        else:  # a setting the recipe leaves to Slurm's default: with the other global lines
+            lines.insert(2, f"{key}={value}")
+        text = "\n".join(lines) + "\n"
+    return text
 
 
 def _all_idle(cluster: Cluster) -> bool:
@@ -774,7 +803,8 @@ def stop_cluster_dir(base: Path | str, keep: bool = False) -> None:
             deadline = time.monotonic() + 8
             while cluster.queued_jobs() and time.monotonic() < deadline:
                 time.sleep(0.2)
-    order = [n for n in pids if n.startswith("slurmd")] + [n for n in ("slurmctld", "munged") if n in pids]
+    order = [n for n in pids if n.startswith("slurmd-")] + [
+        n for n in ("slurmctld", "slurmdbd", "mariadbd", "munged") if n in pids]
     _signal_pids([pids[n] for n in order], signal.SIGTERM)
     left = _wait_gone([pids[n] for n in order], 10)
     _signal_pids(left, signal.SIGKILL)

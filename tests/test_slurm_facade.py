@@ -648,6 +648,12 @@ def test_which_configured_grace_applies_follows_the_preempt_plugin() -> None:
     assert grace_from("preempt/partition_prio", "extra", "60", None, None, preempt_mode="SUSPEND,GANG") is None
     assert grace_from("preempt/qos", "extra", None, "scavenger", "120", preempt_mode="REQUEUE",
                       qos_mode="requeue").seconds == 120.0
+    # sacctmgr prints PreemptMode "cluster" for a QOS without its own (as QOS normal shows on the
+    # accounting test cluster): the cluster's PreemptMode decides then.
+    assert grace_from("preempt/qos", "extra", None, "scavenger", "00:00:05", preempt_mode="SUSPEND,GANG",
+                      qos_mode="cluster") is None
+    assert grace_from("preempt/qos", "extra", None, "scavenger", "00:00:05", preempt_mode="REQUEUE",
+                      qos_mode="cluster") == ClusterGrace(5.0, "QOS scavenger GraceTime")
 
 
 def test_cli_backend_reads_the_grace_of_the_jobs_partition_or_qos(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ Exit codes:
   2   usage or config error; nothing was started
   3   another live supervisor holds the run directory
   4   stopped by policy (budget exhausted, crash loop, resume audit)
+  5   submit: --time over the QOS's MaxWall; nothing was submitted
   75  not finished: handed back to Slurm / the resubmission loop
   130 supervise run: interrupted by a person (Ctrl-C, scancel)
   The child's own exit status is never passed through: it is in the last line

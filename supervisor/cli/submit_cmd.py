@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..config import load_config
-from ..errors import UsageError
+from ..errors import QosLimitError, SlurmError, UsageError
 from .common import echo_json, handle_errors
 
 
@@ -40,6 +40,10 @@ def submit(script: Path, sbatch_args: tuple[str, ...], max_submissions: int, run
     (exit 1). Every submission is appended to RUN_DIR/supervisor/submissions.jsonl.
 
     \b
+    A QOS limit (MaxSubmitJobsPerUser, MaxJobsPerUser) that refuses or holds a submission is waited
+    out, and said so; a --time over the QOS's MaxWall is refused before any submission (exit 5).
+
+    \b
     Example:
       supervise submit train.sbatch --max-submissions 20 -- --partition=extra
     """
@@ -56,7 +60,9 @@ def submit(script: Path, sbatch_args: tuple[str, ...], max_submissions: int, run
     elif not run_dir.is_absolute():
         run_dir = Path.cwd() / run_dir
     cfg = load_config(config_file, sets=sets)
-    loop = SubmitLoop(script.resolve(), sbatch_args, run_dir, get_backend(), cfg.budget,
+    backend = get_backend()
+    check_qos_wall_time(text, sbatch_args, backend)
+    loop = SubmitLoop(script.resolve(), sbatch_args, run_dir, backend, cfg.budget,
                       max_submissions=max_submissions, poll=poll, nodes=cfg.nodes)
     result = loop.run()
     if result.outcome in ("interrupted", "slurm_error") or result.exit_code != 0:
@@ -64,6 +70,28 @@ def submit(script: Path, sbatch_args: tuple[str, ...], max_submissions: int, run
     if as_json:
         echo_json(result.to_json())
     sys.exit(result.exit_code)
+
+
+def check_qos_wall_time(text: str, sbatch_args: tuple[str, ...], backend: object) -> None:
+    """Refuse, before the first submission, a --time that the job's QOS's MaxWall never allows
+    (docs/qos.md). Only a QOS named on the command line or in the script is checked; when
+    accounting cannot be asked, Slurm judges the job at submission as before."""
+    from ..slurm.qos_limits import check_wall_time, job_option
+
+    qos = job_option(text, sbatch_args, "-q", "--qos")
+    wall = job_option(text, sbatch_args, "-t", "--time")
+    probe = getattr(backend, "qos_max_wall", None) or getattr(getattr(backend, "_cli", None), "qos_max_wall", None)
+    if not qos or not wall or not callable(probe):
+        return
+    try:
+        max_wall = probe(qos)
+    except SlurmError as exc:
+        click.echo(f"supervise submit: cannot read MaxWall of QOS {qos} ({exc}); Slurm will judge --time={wall}",
+                   err=True)
+        return
+    verdict = check_wall_time(wall, qos, max_wall)
+    if not verdict.ok:
+        raise QosLimitError(verdict.reason)
 
 
 def register(group: click.Group) -> None:

@@ -107,8 +107,10 @@ def on_notice(ctx: RunContext, child: Any, state: AttemptState, source: str, sig
     state.refine_until = now + REFINE_WINDOW
     ctx.noticed = True
     ctx.slurm.request_job_info()
+    grace = ctx.slurm.grace()
+    known = {"cluster_grace": grace.seconds, "cluster_grace_source": grace.source} if grace is not None else {}
     ctx.emit(Ev.NOTICE, attempt=state.attempt, deadline_source=deadline.source, deadline_past=deadline.past,
-             reason=deadline.reason, **notice.to_event())
+             reason=deadline.reason, **known, **notice.to_event())
     history = ctx.current_save_history()  # from memory: the notice path reads no file
     state.save_history = history
     if state.in_flight is None and not state.clients:

@@ -236,6 +236,15 @@ class SlurmCli:
                           preempt_mode=settings.get("PreemptMode"), partition_mode=partition_mode,
                           qos_mode=qos_mode)
 
+    def qos_max_wall(self, qos: str) -> str | None:
+        """The QOS's MaxWall as ``sacctmgr`` prints it (``01:00:00``); None when it has none or
+        accounting does not know the QOS (then Slurm judges the job at submission)."""
+        if not _NODE_NAME.match(qos or ""):
+            raise slurm_error(["sacctmgr", "show", "qos", str(qos)], f"not a QOS name: {qos!r}")
+        out = self.run(["sacctmgr", "-n", "-P", "show", "qos", qos, "format=MaxWall"])
+        row = next((line.strip() for line in out.splitlines() if line.strip()), "")
+        return row or None
+
     def queue_state(self, job_id: int | str) -> str | None:
         """JobState from squeue (e.g. RUNNING, PENDING, COMPLETED); None once Slurm forgot the job."""
         argv = ["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T"]

@@ -38,7 +38,8 @@ def grace_from(preempt_type: str | None, partition: str | None, partition_grace:
 
     ``partition_grace`` is the partition's ``GraceTime`` as ``scontrol show partition`` prints it
     (seconds), ``qos_grace`` the QOS's as ``sacctmgr`` prints it (``[D-]HH:MM:SS`` or seconds). The
-    modes are the cluster's ``PreemptMode`` and the partition's or QOS's own (which win when set).
+    modes are the cluster's ``PreemptMode`` and the partition's or QOS's own (which win when set;
+    sacctmgr prints ``cluster`` for a QOS that has none: the cluster's then applies).
 
     None also when the job's preemption gives no grace period: ``PreemptMode`` OFF (nothing is
     preempted: a SIGTERM is a person's or the time limit's), SUSPEND (SIGTSTP, no grace), or a
@@ -52,7 +53,10 @@ def grace_from(preempt_type: str | None, partition: str | None, partition_grace:
         seconds, mode, source = _seconds(qos_grace), qos_mode, f"QOS {qos} GraceTime"
     else:
         return None
-    effective = (mode or "").strip() or (preempt_mode or "").strip()
+    own = (mode or "").strip()
+    if own.upper() == "CLUSTER":  # sacctmgr's word for a QOS without its own PreemptMode
+        own = ""
+    effective = own or (preempt_mode or "").strip()
     words = {w.strip().upper() for w in effective.replace(",", " ").split()}
     if words & {"OFF", "SUSPEND"}:
         return None

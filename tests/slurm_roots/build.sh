@@ -10,7 +10,7 @@
 # scripts) lives in a private mount namespace (unshare -m) and vanishes with it: nothing is left
 # mounted, whatever happens. Needs root, debootstrap, unshare and Debian's mirror.
 #
-# The root gets munge, slurm-wlm (slurmctld, slurmd, client commands), python3 and python3-venv;
+# The root gets munge, slurm-wlm (slurmctld, slurmd, client commands), slurmdbd, python3 and python3-venv;
 # python3 also brings the shared libraries (libssl, libffi, libsqlite3, ...) that the host's
 # interpreter needs when the tests run it inside the root (tests/slurm_roots/enter.sh binds it).
 set -euo pipefail
@@ -20,6 +20,7 @@ ROOTS="${SLURM_TEST_ROOTS:-/var/cache/slurm-supervisor/roots}"
 DIR="${2:-$ROOTS/$VERSION}"
 MIRROR="${SLURM_TEST_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 PACKAGES="munge slurm-wlm python3 python3-venv procps"
+PACKAGES="$PACKAGES slurmdbd"  # accounting for the QOS tests (the database is the host's MariaDB)
 
 case "$VERSION" in
   24.11) SUITE=trixie ;;
@@ -35,7 +36,7 @@ safe_rm() {  # never delete through a mount (a bind of /tmp inside a root would 
   rm -rf --one-file-system "$1"
 }
 complete() {
-  [ -f "$1/.slurm-root.json" ] && [ -x "$1/usr/sbin/slurmctld" ] \
+  [ -f "$1/.slurm-root.json" ] && [ -x "$1/usr/sbin/slurmctld" ] && [ -x "$1/usr/sbin/slurmdbd" ] \
     && chroot "$1" /usr/sbin/slurmctld -V 2>/dev/null | grep -q " ${VERSION//./\\.}\."
 }
 
