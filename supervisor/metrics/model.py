@@ -98,11 +98,11 @@ class EventWindow:
 def run_metrics(events: Sequence[Event]) -> RunMetrics:
     """Fold the event log (file order) into the run's metrics."""
     records = ledger_from_events(events)
-    sessions, notices, launching, job_id = _sessions(events)
+    sessions, current_session, notices, launching, job_id = _sessions(events)
     started = {r.attempt for r in records}
     attempts_by_session = Counter(sessions.values())
     if launching is not None and launching not in started:
-        attempts_by_session[max(sessions.values(), default=0)] += 1
+        attempts_by_session[current_session] += 1
     restarts = sum(max(n - 1, 0) for n in attempts_by_session.values())
     session_count = sum(1 for e in events if e.event == Ev.RUN_START.value)
     ends = Counter(r.cls.value for r in records if r.cls is not None)
@@ -134,9 +134,10 @@ def run_metrics(events: Sequence[Event]) -> RunMetrics:
     )
 
 
-def _sessions(events: Sequence[Event]) -> tuple[dict[int, int], set[int], int | None, str | None]:
-    """(attempt -> session index, attempts that got a stop notice, the attempt being launched
-    (a resume point with no launch and no run_end after it), the newest session's job id)."""
+def _sessions(events: Sequence[Event]) -> tuple[dict[int, int], int, set[int], int | None, str | None]:
+    """(attempt -> session index, the newest session's index, attempts that got a stop notice, the
+    attempt being launched (a resume point with no launch and no run_end after it), the newest
+    session's job id)."""
     session = -1
     sessions: dict[int, int] = {}
     notices: set[int] = set()
@@ -164,4 +165,4 @@ def _sessions(events: Sequence[Event]) -> tuple[dict[int, int], set[int], int | 
             target = number if number is not None else current
             if target is not None:
                 notices.add(target)
-    return sessions, notices, launching, job_id
+    return sessions, max(session, 0), notices, launching, job_id
