@@ -80,8 +80,8 @@ def test_the_window_kept_in_memory_gives_the_same_numbers_as_the_whole_log() -> 
     window = EventWindow()
     for event in events:
         window.add(event)
-    assert len(window.events) < len(events) / 2  # sampled progress is not kept, beyond each attempt's first and newest
-    assert run_metrics(window.events) == run_metrics(events)
+    assert len(window.events) < len(events) / 2  # sampled progress and older saves are not kept
+    assert run_metrics(window.events, window.saves) == run_metrics(events)
 
 
 def test_the_prometheus_file_parses_and_escapes_a_hostile_run_name() -> None:
@@ -234,3 +234,26 @@ def test_the_hf_callback_logs_them_through_the_trainers_loggers(tmp_path: Path, 
     acc.Reload()
     # the Trainer's TensorBoard callback files what Trainer.log gets under train/
     assert [(e.step, e.value) for e in acc.Scalars("train/supervisor/restarts")] == [(0, 1.0)]
+
+
+def test_a_killed_supervisors_history_is_counted_as_the_whole_log_would_be(tmp_path: Path) -> None:
+    """The writer parses only the first and last of each run of progress lines: the steps an attempt
+    with no attempt_end reached (its supervisor was killed) still come from the last one."""
+    killed = [e for e in attempt(1, 1, "native_crash", resume=None, last=30, saves=(10, 20))
+              if e.event != "attempt_end"]
+    run_dir = tmp_path / "run"
+    earlier = EventLog(run_dir / "supervisor" / "events.jsonl")
+    for e in [session(0), *killed]:
+        earlier.emit(e.event, **e.fields)
+    earlier.close()
+    sink, log = _sink(tmp_path)
+    deliver([sink], log.emit("run_start", name="r", job_id="8"))
+    deliver([sink], log.emit("resume_point", attempt=2, step=20))
+    deliver([sink], log.emit("attempt_start", attempt=2, resume_step=20))
+    assert sink.flush(10)
+    log.close()
+    from supervisor.events import read_events
+
+    whole = run_metrics(read_events(run_dir / "supervisor" / "events.jsonl").events)
+    assert whole.steps_lost == 10  # reached 30, resumed from 20
+    assert client.restart_metrics(run_dir) == {k: v for k, v in whole.as_numbers().items()}

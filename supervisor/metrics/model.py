@@ -11,14 +11,14 @@ counted (a resume point followed by a ``run_end`` instead of a launch is not cou
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
 from ..events import Ev, Event
 from ..fields import as_float, as_int, as_str
 from ..ledger import SCHEDULER_ENDS, final_run_end, is_crash, ledger_from_events
 
-__all__ = ["RUNNING", "EventWindow", "RunMetrics", "run_metrics"]
+__all__ = ["RUNNING", "EventWindow", "RunMetrics", "SaveStats", "run_metrics"]
 
 RUNNING = "running"  # the outcome while no run_end ended the run
 
@@ -69,21 +69,76 @@ class RunMetrics:
         return numbers
 
 
+@dataclass(frozen=True)
+class SaveStats:
+    """The run's saves, counted as their ``save_end`` events arrive."""
+
+    ok: int = 0
+    failed: int = 0
+    seconds_total: float = 0.0
+    seconds_count: int = 0
+    last: float | None = None
+    longest: float | None = None
+
+    def with_event(self, event: Event) -> SaveStats:
+        if event.event != Ev.SAVE_END.value:
+            return self
+        if event.get("ok") is False:
+            return replace(self, failed=self.failed + 1)
+        duration = as_float(event.get("duration"))
+        if duration is None or duration < 0:
+            return replace(self, ok=self.ok + 1)
+        return replace(self, ok=self.ok + 1, seconds_total=self.seconds_total + duration,
+                       seconds_count=self.seconds_count + 1, last=duration,
+                       longest=duration if self.longest is None else max(self.longest, duration))
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> SaveStats:
+        stats = cls()
+        for event in events:
+            stats = stats.with_event(event)
+        return stats
+
+
 @dataclass
 class EventWindow:
-    """The events the fold needs, kept in memory by the sink: everything except the sampled
-    ``progress`` events, of which the first and the newest of each attempt are enough (the ledger
-    takes the highest step and the last time from them). Bounded by attempts and saves, not by the
-    age of the run."""
+    """The events the fold needs, kept in memory by the sink, bounded by the number of attempts
+    rather than the age of the run. Of the sampled ``progress`` events, the first and the newest of
+    each attempt are kept (the ledger takes the highest step and the last time from them); of the
+    ``save_end`` events of an attempt, the good one with the highest step (the ledger's durable
+    step), the others being counted in :attr:`saves`."""
 
     events: list[Event] = field(default_factory=list)
+    saves: SaveStats = field(default_factory=SaveStats)
     _first_progress: set[int | None] = field(default_factory=set)  # attempts whose first progress is kept
     _newest_progress: dict[int | None, int] = field(default_factory=dict)  # attempt -> index of its newest
+    _best_save: dict[int, tuple[int, int]] = field(default_factory=dict)  # attempt -> (index, step)
 
     def add(self, event: Event) -> None:
-        if event.event != Ev.PROGRESS.value:
+        if event.event == Ev.SAVE_END.value:
+            self.saves = self.saves.with_event(event)
+            self._add_save(event)
+        elif event.event == Ev.PROGRESS.value:
+            self._add_progress(event)
+        else:
             self.events.append(event)
+
+    def _add_save(self, event: Event) -> None:
+        attempt, step = as_int(event.get("attempt")), as_int(event.get("step"))
+        if attempt is None:
+            self.events.append(event)  # belongs to the attempt in progress where it stands: kept in place
             return
+        if event.get("ok") is False or step is None:
+            return  # counted; the ledger has no use for it
+        best = self._best_save.get(attempt)
+        if best is None:
+            self.events.append(event)
+            self._best_save[attempt] = (len(self.events) - 1, step)
+        elif step >= best[1]:
+            self.events[best[0]] = event
+            self._best_save[attempt] = (best[0], step)
+
+    def _add_progress(self, event: Event) -> None:
         attempt = as_int(event.get("attempt"))
         if attempt in self._newest_progress:
             self.events[self._newest_progress[attempt]] = event
@@ -95,8 +150,9 @@ class EventWindow:
             self._first_progress.add(attempt)
 
 
-def run_metrics(events: Sequence[Event]) -> RunMetrics:
-    """Fold the event log (file order) into the run's metrics."""
+def run_metrics(events: Sequence[Event], saves: SaveStats | None = None) -> RunMetrics:
+    """Fold the event log (file order) into the run's metrics. ``saves``: the saves already counted
+    (an :class:`EventWindow`'s, whose ``events`` keep only some of them); else counted here."""
     records = ledger_from_events(events)
     sessions, current_session, notices, launching, job_id = _sessions(events)
     started = {r.attempt for r in records}
@@ -107,9 +163,7 @@ def run_metrics(events: Sequence[Event]) -> RunMetrics:
     session_count = sum(1 for e in events if e.event == Ev.RUN_START.value)
     ends = Counter(r.cls.value for r in records if r.cls is not None)
     preempted = sum(1 for r in records if r.cls in SCHEDULER_ENDS or r.attempt in notices)
-    saves = [e for e in events if e.event == Ev.SAVE_END.value]
-    ok = [e for e in saves if e.get("ok") is not False]
-    durations = [d for d in (as_float(e.get("duration")) for e in ok) if d is not None and d >= 0]
+    saved = saves if saves is not None else SaveStats.of(events)
     durable = [r.last_durable_step for r in records if r.last_durable_step is not None]
     end = final_run_end(events)
     count = len(started | ({launching} if launching is not None else set()))
@@ -121,10 +175,9 @@ def run_metrics(events: Sequence[Event]) -> RunMetrics:
         steps_lost=sum(r.steps_lost or 0 for r in records),
         steps_lost_at_least=any(r.steps_lost_at_least for r in records),
         time_lost_s=round(sum(r.wall_lost or 0.0 for r in records), 3),
-        saves=len(ok), saves_failed=len(saves) - len(ok),
-        save_seconds_total=round(sum(durations), 6), save_seconds_count=len(durations),
-        save_seconds_last=durations[-1] if durations else None,
-        save_seconds_max=max(durations) if durations else None,
+        saves=saved.ok, saves_failed=saved.failed,
+        save_seconds_total=round(saved.seconds_total, 6), save_seconds_count=saved.seconds_count,
+        save_seconds_last=saved.last, save_seconds_max=saved.longest,
         last_durable_step=max(durable) if durable else None,
         attempt=newest, job_id=job_id,
         outcome=outcome or RUNNING, stopped_by=as_str(end.get("stopped_by")) if end is not None else None,

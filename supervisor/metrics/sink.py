@@ -5,8 +5,8 @@ to date from a thread of its own.
 waiting is the point: a ``resume_point`` (written right before a launch: the training reads the
 snapshot at its start and must find itself counted) and a ``run_end`` (the process exits next).
 Both waits are bounded. The history of earlier jobs of the run is read once, on the writer's
-thread, from the event log as it was when the sink was made; every event after that comes through
-``accept``, so nothing is counted twice.
+thread as soon as the sink is made, from the event log as it was then; every event after that comes
+through ``accept``, so nothing is counted twice.
 
 Files (paths in ``metrics.*`` of the config, relative to the run directory):
 
@@ -43,6 +43,7 @@ WAIT_BEFORE_LAUNCH_S = 5.0  # at a resume point: the files are current before th
 WAIT_AT_RUN_END_S = 2.0  # at run_end: the last numbers reach the files before the process exits
 _WAITS = {Ev.RESUME_POINT.value: WAIT_BEFORE_LAUNCH_S, Ev.RUN_END.value: WAIT_AT_RUN_END_S}
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+_PROGRESS_MARK = b'"event":"progress"'  # as events.Event.to_json writes it
 
 
 def file_name_part(name: str) -> str:
@@ -66,15 +67,16 @@ class MetricsSink:
         except OSError:
             self._history_bytes = 0
         self._window = EventWindow()
-        self._history_read = False
         self._cond = threading.Condition()
         self._pending: collections.deque[Event] = collections.deque()
         self._received = 0  # events accepted
         self._done = 0  # events written out
-        self._thread: threading.Thread | None = None
         self._otel_fd = -1
         self._last_written: tuple[str, str] | None = None
         self._warned: set[str] = set()
+        # Started now: the history is read while the supervisor sets up, before the first resume point.
+        self._thread = threading.Thread(target=self._work, name="supervise-metrics", daemon=True)
+        self._thread.start()
 
     def _resolve(self, template: str) -> Path:
         path = Path(os.path.expanduser(template.replace("{name}", file_name_part(self.name))))
@@ -88,9 +90,6 @@ class MetricsSink:
             self._pending.append(event)
             self._received += 1
             ticket = self._received
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="supervise-metrics", daemon=True)
-                self._thread.start()
             self._cond.notify_all()
             wait = _WAITS.get(event.event)
             if wait is not None:
@@ -105,6 +104,11 @@ class MetricsSink:
     # the writer's thread --------------------------------------------------------------------------
 
     def _work(self) -> None:
+        try:
+            for event in self._read_history():
+                self._window.add(event)
+        except Exception as exc:  # noqa: BLE001 - counted from now on instead
+            self._warn("history", f"metrics: cannot read the run's earlier events ({exc}); counting from now")
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: bool(self._pending))
@@ -119,18 +123,14 @@ class MetricsSink:
                 self._cond.notify_all()
 
     def _write(self, batch: list[Event]) -> None:
-        if not self._history_read:
-            self._history_read = True
-            for event in self._read_history():
-                self._window.add(event)
         lines: list[bytes] = []
         for event in batch:
             self._window.add(event)
             if self.otel_path is not None and event.event in OTEL_EVENTS:
-                record = otel_record(event, run_metrics(self._window.events), self._resource)
+                record = otel_record(event, run_metrics(self._window.events, self._window.saves), self._resource)
                 if record is not None:
                     lines.append((json.dumps(record, separators=(",", ":"), default=str) + "\n").encode())
-        metrics = run_metrics(self._window.events)
+        metrics = run_metrics(self._window.events, self._window.saves)
         self._write_files(metrics)
         for line in lines:
             self._append_otel(line)
@@ -146,11 +146,32 @@ class MetricsSink:
         except OSError as exc:
             self._warn("history", f"metrics: cannot read the run's earlier events ({exc}); counting from now")
             return []
-        events = []
-        for raw in data.splitlines():
+        events: list[Event] = []
+
+        def take(raw: bytes) -> None:
             event = parse_line(raw.decode("utf-8", errors="replace"))
             if event is not None:
                 events.append(event)
+
+        # Of each run of sampled progress lines only the first and the last are parsed: the window
+        # keeps no more of them (model.EventWindow), and a long run's log is mostly progress.
+        newest: bytes | None = None
+        in_run = False
+        for raw in data.splitlines():
+            if _PROGRESS_MARK in raw:
+                if in_run:
+                    newest = raw
+                else:
+                    take(raw)
+                    in_run = True
+                continue
+            if newest is not None:
+                take(newest)
+                newest = None
+            in_run = False
+            take(raw)
+        if newest is not None:
+            take(newest)
         return events
 
     def _write_files(self, metrics: RunMetrics) -> None:
