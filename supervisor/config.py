@@ -147,6 +147,36 @@ class NotifyConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Restart metrics for the tools people watch (docs/metrics.md): a Prometheus text file
+    (node_exporter's textfile collector) and OpenTelemetry-style JSON lines, kept up to date from
+    the event log by a background writer. Paths are relative to the run directory; ``{name}`` is
+    the run's name (one file per run in a shared textfile-collector directory)."""
+
+    FORMATS: typing.ClassVar[tuple[str, ...]] = ("prometheus", "otel")
+
+    enabled: bool = True  # false: no metrics files at all (the training side then sees none either)
+    formats: tuple[str, ...] = FORMATS  # which files to write besides supervisor/metrics.json
+    prometheus_file: str = "supervisor/metrics.prom"
+    otel_file: str = "supervisor/metrics.otel.jsonl"
+
+    def __post_init__(self) -> None:
+        for name in self.formats:
+            if name not in self.FORMATS:
+                raise ConfigError("metrics.formats", name, f"unknown format; allowed: {', '.join(self.FORMATS)}")
+        for key, value in (("metrics.prometheus_file", self.prometheus_file), ("metrics.otel_file", self.otel_file)):
+            if not value.strip():
+                raise ConfigError(key, value, "expected a file path (relative to the run directory, or absolute); "
+                                  "to write no such file, leave its format out of metrics.formats")
+            rest = value.replace("{name}", "")
+            if "{" in rest or "}" in rest:
+                raise ConfigError(key, value, "the only placeholder allowed is {name} (the run's name)")
+        if not self.prometheus_file.endswith(".prom"):
+            raise ConfigError("metrics.prometheus_file", self.prometheus_file,
+                              "expected a name ending in .prom (node_exporter's textfile collector reads only those)")
+
+
+@dataclass(frozen=True)
 class StallConfig:
     """Stall detection while ``stall_timeout`` is 0 (the default): a timeout learned from the gaps
     between step reports (docs/node-health.md). An explicit ``stall_timeout`` > 0 always wins."""
@@ -288,6 +318,7 @@ class SupervisorConfig:
     slow_node: SlowNodeConfig = field(default_factory=SlowNodeConfig)
     gpu_check: GpuCheckConfig = field(default_factory=GpuCheckConfig)
     nodes: NodesConfig = field(default_factory=NodesConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (enums as strings) for YAML/JSON output and hashing."""
@@ -298,6 +329,7 @@ class SupervisorConfig:
         go is not part of the training's configuration: a webhook changed between requeues is no drift."""
         data = self.to_dict()
         data.pop("notify", None)
+        data.pop("metrics", None)  # where the metrics go is not the training's configuration either
         canon = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canon.encode()).hexdigest()
 

@@ -35,7 +35,7 @@ LEAF_MODULES = {
     "supervisor.slurm.env",
     "supervisor.slurm.parse", "supervisor.client", "supervisor.determinism", "supervisor.checkpoints.atomic",
     "supervisor.sharded", "supervisor.commit_marker", "supervisor.redact", "supervisor.textsafe",
-    "supervisor.private",
+    "supervisor.private", "supervisor.sinks",
 }
 DECISION_MODULES = {
     "supervisor.config",  # the policy and budget tables the decisions are parameterised by
@@ -45,6 +45,7 @@ DECISION_MODULES = {
     "supervisor.checkpoints.resume", "supervisor.slurm.requeue_policy", "supervisor.slurm.stop_cause", "supervisor.slurm.grace",
     "supervisor.stall", "supervisor.slownode", "supervisor.run.stop", "supervisor.run.judge", "supervisor.run.layout", "supervisor.report.model",
     "supervisor.report.drift", "supervisor.report.accounting", "supervisor.slurm.sacct",
+    "supervisor.metrics.model", "supervisor.metrics.render",
 }
 
 

@@ -113,7 +113,8 @@ def test_no_credential_reaches_a_file_a_payload_or_the_supervisors_output(secret
     files = all_files(run, secret_run["home"])
     raw_logs = [p for p in files if p.name.startswith("attempt-") and p.suffix == ".log"]
     scanned = [p for p in files if p not in raw_logs]
-    assert {p.name for p in scanned} >= {"events.jsonl", "manifest-1.json", "report.html", "nodes.jsonl"}
+    assert {p.name for p in scanned} >= {"events.jsonl", "manifest-1.json", "report.html", "nodes.jsonl",
+                                         "metrics.prom", "metrics.otel.jsonl"}
     for path in scanned:
         data = path.read_bytes()
         for secret in SECRETS:
@@ -139,7 +140,8 @@ def test_no_credential_reaches_a_file_a_payload_or_the_supervisors_output(secret
 
 def test_every_file_written_has_its_documented_mode_under_umask_0(secret_run: dict[str, Any]) -> None:
     sup = secret_run["run"] / "supervisor"
-    expected = {"events.jsonl": GROUP_READ, "manifest-1.json": OWNER_ONLY, "attempt-1.log": OWNER_ONLY}
+    expected = {"events.jsonl": GROUP_READ, "manifest-1.json": OWNER_ONLY, "attempt-1.log": OWNER_ONLY,
+                "metrics.json": GROUP_READ, "metrics.prom": GROUP_READ, "metrics.otel.jsonl": GROUP_READ}
     for name, want in expected.items():
         assert mode(sup / name) == want, name
     assert mode(secret_run["run"] / "report.html") == GROUP_READ

@@ -61,9 +61,15 @@ def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpo
     if extra:  # added to checkpoint.safe_globals from the config file, not instead of them
         merged = tuple(dict.fromkeys((*cfg.checkpoint.safe_globals, *extra)))
         cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, safe_globals=merged))
+    from ..metrics.sink import metrics_sink
     from ..run import Runner
 
-    result = Runner(cfg, list(command), echo=not quiet).run()
+    runner = Runner(cfg, list(command), echo=not quiet)
+    sink = metrics_sink(cfg.metrics, runner.paths.run_dir, runner.paths.events, runner.ctx.layout.name,
+                        runner.ctx.host)
+    if sink is not None:
+        runner.ctx.sinks.append(sink)  # fed by RunContext.emit (supervisor/sinks.py); the loop imports no sink
+    result = runner.run()
     sys.exit(result.exit_code)
 
 

@@ -1,13 +1,16 @@
 """Hugging Face ``transformers`` integration: one ``TrainerCallback``.
 
     from supervisor.integrations.hf import SupervisorCallback, resume_ckpt_path
-    trainer = Trainer(..., callbacks=[SupervisorCallback()])
+    trainer = Trainer(...)
+    trainer.add_callback(SupervisorCallback(trainer))   # or Trainer(callbacks=[SupervisorCallback()])
     trainer.train(resume_from_checkpoint=resume_ckpt_path())
 
 Heartbeats every optimizer step (the loss when the Trainer logs it), reports each ``checkpoint-N``
 save (begin when the Trainer decides to save, end at ``on_save``), and on a stop notice stops at a
 step boundary: it asks the Trainer for a save first when the supervisor wants one
 (``control.should_save``), then ``control.should_training_stop``. The stop is agreed across ranks.
+Given its ``Trainer``, it also logs the run's restart metrics through ``Trainer.log`` (so to every
+``report_to`` logger) at the start of each supervised attempt (``docs/metrics.md``).
 """
 
 from __future__ import annotations
@@ -42,7 +45,12 @@ def _any_rank(flag: bool, device: Any) -> bool:
 class SupervisorCallback(TrainerCallback):
     """Connects a ``transformers.Trainer`` to the supervisor (see the module docstring)."""
 
-    def __init__(self, *, own_signals: bool = True) -> None:
+    def __init__(self, trainer: Any = None, *, own_signals: bool = True, log_restarts: bool = True) -> None:
+        """``trainer``: the ``Trainer`` whose loggers (``report_to``) get the run's restart metrics
+        at the start of each supervised attempt (``trainer.add_callback(SupervisorCallback(trainer))``);
+        a callback does not otherwise see its Trainer. ``log_restarts=False``: never log them."""
+        self.trainer = trainer
+        self.log_restarts = log_restarts
         self.own_signals = own_signals
         self.stopped_on_notice = False
         self.emergency_step: int | None = None
@@ -53,6 +61,10 @@ class SupervisorCallback(TrainerCallback):
         if self.own_signals and threading.current_thread() is threading.main_thread():
             client.install()
         client.resumed(int(state.global_step))
+        if self.log_restarts and self.trainer is not None:
+            metrics = client.restart_metrics()
+            if metrics:  # through Trainer.log: every report_to logger gets them at the resumed step
+                self.trainer.log({f"supervisor/{key}": float(value) for key, value in metrics.items()})
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         step = int(state.global_step)

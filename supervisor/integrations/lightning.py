@@ -16,6 +16,8 @@ What the callback does:
     emergency checkpoint first when the supervisor asks for one, and agrees on the stop across
     ranks so that every rank stops at the same step;
   * tells the supervisor the step training resumed at (the resume audit checks it);
+  * logs the run's restart metrics (restarts, requeues, preemptions, steps and time lost, saves) to
+    the trainer's loggers at the step each attempt starts from (``docs/metrics.md``);
   * with Lightning's ``DeepSpeedStrategy`` (which bypasses ``CheckpointIO``: every rank writes its
     shards into the ``<name>.ckpt/`` *directory*, in place, so a kill mid-save leaves shards of two
     saves in ``last.ckpt/``), makes each directory save atomic across ranks: DeepSpeed writes into a
@@ -85,12 +87,15 @@ class _CallbackLogic:
     _torch_io_class: type
 
     def __init__(self, dirpath: str | os.PathLike[str] | None = None, *, atomic_saves: bool = True,
-                 own_signals: bool = True, stop_check_every: int = 1) -> None:
+                 own_signals: bool = True, stop_check_every: int = 1, log_restarts: bool = True) -> None:
         """``dirpath``: where an emergency checkpoint goes [the ModelCheckpoint's dirpath, else
         ``$SUPERVISOR_CHECKPOINT_DIR``, else ``<default_root_dir>/checkpoints``].
         ``stop_check_every``: batches between stop checks; with several ranks each check is one
-        tiny all-reduce (Lightning already does one per batch for its own SIGTERM flag)."""
+        tiny all-reduce (Lightning already does one per batch for its own SIGTERM flag).
+        ``log_restarts``: at the start of each supervised attempt, log the run's restart metrics
+        (``supervisor/restarts``, ``supervisor/preemptions``, ...) to the trainer's loggers."""
         super().__init__()
+        self.log_restarts = log_restarts
         self.dirpath = os.fspath(dirpath) if dirpath is not None else None
         self.atomic_saves = atomic_saves
         self.own_signals = own_signals
@@ -127,6 +132,20 @@ class _CallbackLogic:
             print(f"resumed from {trainer.ckpt_path} at step {step}", flush=True)
         client.resumed(step)
         self._max_steps = _max_steps_of(trainer)
+        if self.log_restarts:
+            self._log_restart_metrics(trainer, step)
+
+    def _log_restart_metrics(self, trainer: Any, step: int) -> None:
+        """The run's restarts, requeues, preemptions and losses so far, at the step this attempt
+        starts from, to every logger the trainer has (TensorBoard, CSV, W&B...: docs/metrics.md)."""
+        if not trainer.is_global_zero:
+            return
+        for logger in getattr(trainer, "loggers", None) or []:
+            try:
+                client.log_restart_metrics(logger, step)
+            except Exception as exc:  # noqa: BLE001 - a logger's trouble must not stop the training
+                warnings.warn(f"could not log the restart metrics to {type(logger).__name__}: {exc}",
+                              RuntimeWarning, stacklevel=2)
 
     def _own_notice_signals(self) -> None:
         """Replace Lightning's SIGTERM handler (registered just before fit) by the client's, without

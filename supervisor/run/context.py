@@ -11,6 +11,7 @@ from ..events import Ev, EventLog
 from ..notify import on_event
 from ..preemption import SaveHistory
 from ..signals import signal_number
+from ..sinks import Sink, deliver
 from ..slurm import SlurmEnv
 from .layout import RunLayout
 from .seams import Channel, ChildStarter, Clock, SlurmView, Waker
@@ -46,6 +47,9 @@ class RunContext:
     save_history: SaveHistory | None = None
     cwd: Any = None  # the child's working directory (pathlib.Path): relative paths in its output start there
     resumability_said: Any = None  # (ok, missing) of the last resumability statement (run/resumable.py)
+    # Whatever else wants each recorded event (supervisor/sinks.py): the CLI registers the metrics
+    # writer here, so the loop never imports it.
+    sinks: list[Sink] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.notice_signals:
@@ -62,6 +66,7 @@ class RunContext:
         else:
             if event is Ev.SAVE_END and self.save_history is not None:
                 self.save_history = self.save_history.with_event(recorded)
+            deliver(self.sinks, recorded)  # the one fan-out point to the registered sinks; never raises
         notify = getattr(self.cfg, "notify", None)
         if notify is not None:
             on_event(notify, event.value, fields)  # returns at once, never raises
