@@ -48,6 +48,7 @@ from .node_health import note_failure, with_ledger_exclusions
 from .seams import BackgroundSlurm, ChildHandle, ChildStarter, Clock, InboxWaker, SlurmView, SupervisorClock, Waker
 from .seams import start_process
 from .start import check_durable_history, gpu_preflight, start_state
+from .stop import CauseKind
 
 log = logging.getLogger("supervisor.run")
 
@@ -215,7 +216,7 @@ class Runner:
             child = self._launch(state)
             exit_ = monitor(ctx, child, state)
             child.finish()
-            self._loss_kinds += state.loss_anomalies
+            self._loss_kinds += state.health.loss_anomalies
             result = self._after_attempt(child, exit_, state)
             if result is not None:
                 return result
@@ -275,25 +276,23 @@ class Runner:
     def _after_attempt(self, child: ChildHandle, exit_: ChildExit, state: AttemptState) -> RunResult | None:
         ctx = self.ctx
         ended = ctx.clock.now()
-        if state.lock_lost:
-            return self._end(RunOutcome.STOPPED, ExitCode.LOCKED, f"run directory taken over: {state.lock_lost}",
+        if state.stop.is_(CauseKind.LOCK_LOST):
+            return self._end(RunOutcome.STOPPED, ExitCode.LOCKED, f"run directory taken over: {state.stop.why}",
                              state, stopped_by="lock")
         if ctx.slurm_env.job_id and (state.notice is not None or exit_.status != 0):
             info = ctx.slurm.job_info_now(self._settle_timeout(state))
             if state.notice is None and info is not None and getattr(info, "preempt_time", None):
                 # In a batch-step layout only the srun step is signalled at grace start.
                 notices.on_notice(ctx, child, state, "poll", None, ended, None)
-            state.stop_verdict = notices.read_stop_cause(ctx, state.notice, self._settle_timeout(state))
-            if state.stop_verdict is not None:
-                ctx.emit(Ev.STOP_CAUSE, attempt=state.attempt, **state.stop_verdict.to_event())
-        notice_cls, notice_reason = notices.settle_cause(state.notice, state.stop_verdict, exit_.status)
-        evidence = notices.slurm_evidence(state.notice, state.stop_verdict, notice_cls, bool(ctx.slurm_env.job_id))
+            state.slurm.verdict = notices.read_stop_cause(ctx, state.notice, self._settle_timeout(state))
+            if state.slurm.verdict is not None:
+                ctx.emit(Ev.STOP_CAUSE, attempt=state.attempt, **state.slurm.verdict.to_event())
+        notice_cls, notice_reason = notices.settle_cause(state.notice, state.slurm.verdict, exit_.status)
+        evidence = notices.slurm_evidence(state.notice, state.slurm.verdict, notice_cls, bool(ctx.slurm_env.job_id))
         failure = classify(exit_.exit_code, exit_.signal, child.tail_text(), policy=ctx.cfg.policy,
                            step_regex=ctx.cfg.step_regex, slurm=evidence)
-        facts = AttemptFacts(hang=state.hang, cancelled=state.cancelled, notice_class=notice_cls,
-                             notice_reason=notice_reason, client_done=state.client_done,
-                             stopped_reason=state.stopped_reason, stopped_by=state.stopped_by,
-                             stall_reason=state.stall_reason, requeue_reason=state.requeue_reason)
+        facts = AttemptFacts(cause=state.stop.cause, notice_class=notice_cls, notice_reason=notice_reason,
+                             client_done=state.peers.client_done)
         # attempt_end first, so the ledger the decision reads includes this attempt.
         from .judge import effective_class
 
@@ -374,13 +373,13 @@ class Runner:
         version = ctx.slurm.version() if job_id else None
         policy = ctx.cfg.policy_for(cls)
         exclude: tuple[str, ...] = ()
-        if state.exclude:  # the supervisor named the node (a failed GPU check, a slow node)
-            exclude = tuple(sorted(state.exclude))
+        if state.health.exclude:  # the supervisor named the node (a failed GPU check, a slow node)
+            exclude = tuple(sorted(state.health.exclude))
         elif policy.exclude_node:
-            exclude = tuple(sorted(state.nodes)) or ((ctx.slurm_env.nodename,) if ctx.slurm_env.nodename else ())
+            exclude = tuple(sorted(state.peers.nodes)) or ((ctx.slurm_env.nodename,) if ctx.slurm_env.nodename else ())
         if job_id:
             exclude = with_ledger_exclusions(ctx, state, exclude)
-        verdict = state.stop_verdict
+        verdict = state.slurm.verdict
         already = verdict is not None and verdict.cause is StopCause.REQUEUED
         decision = decide_requeue(child_outcome=cls, in_slurm=bool(job_id),
                                   job_requeueable=getattr(info, "requeue", None), slurm_version=version,

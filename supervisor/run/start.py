@@ -144,6 +144,6 @@ def gpu_preflight(ctx: RunContext, state: AttemptState) -> str | None:
             log.warning("GPU preflight could not judge this node: %s", verdict.reason)
         return None
     log.error("GPU preflight failed on %s: %s", node, verdict.reason)
-    state.nodes.add(node)
-    state.exclude.add(node)
+    state.peers.nodes.add(node)
+    state.health.exclude.add(node)
     return f"GPU preflight failed: {verdict.reason}"
