@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..config import SupervisorConfig
-from ..events import Ev, EventLog
+from ..events import Ev, Event, EventLog, parse_line
+from ..ledger import Ledger
 from ..notify import on_event
 from ..preemption import SaveHistory
 from ..signals import signal_number
@@ -44,6 +45,9 @@ class RunContext:
     # The run's save durations, seeded from the log once at start and kept up to date by emit(): a
     # notice is arbitrated from memory, never by re-reading a log that grows with the run's age.
     save_history: SaveHistory | None = None
+    # The log as a projection: the run's events folded as each is recorded (seeded from the log read
+    # once at start), so attempt start and end read the ledger and the saves from memory.
+    history: Ledger | None = None
     cwd: Any = None  # the child's working directory (pathlib.Path): relative paths in its output start there
     resumability_said: Any = None  # (ok, missing) of the last resumability statement (run/resumable.py)
 
@@ -62,9 +66,23 @@ class RunContext:
         else:
             if event is Ev.SAVE_END and self.save_history is not None:
                 self.save_history = self.save_history.with_event(recorded)
+            if self.history is not None:
+                self._project(recorded)
         notify = getattr(self.cfg, "notify", None)
         if notify is not None:
             on_event(notify, event.value, fields)  # returns at once, never raises
+
+    def _project(self, recorded: Event) -> None:
+        """Fold the event into the in-memory ledger as a reader of the file will see it (JSON types,
+        the validity check), not as passed. Never raises: the projection must not take the loop down."""
+        assert self.history is not None
+        try:
+            as_read = parse_line(recorded.to_json())
+        except (TypeError, ValueError, RecursionError) as exc:
+            log.error("could not fold %s into the ledger: %s", recorded.event, exc)
+            return
+        if as_read is not None:
+            self.history.apply(as_read)
 
     def note_node(self, record: Any) -> None:
         """Add a record to the node health ledger, on a background thread (never waits, never raises)."""
@@ -79,8 +97,20 @@ class RunContext:
             log.warning("node ledger: %s", exc)
 
     def seed_save_history(self, events: list[Any]) -> None:
-        """Start the in-memory save history from the log read once at run start."""
+        """Start the in-memory save history and ledger from the log read once at run start."""
         self.save_history = SaveHistory.from_events(events, unknown_save_s=self.cfg.preemption.unknown_save_s)
+        self.history = Ledger.of(events)
+
+    def ledger_now(self) -> Ledger:
+        """The run's ledger without reading the log (seeded here if the run start did not)."""
+        if self.history is None:
+            self.seed_save_history(self.read_events())
+        assert self.history is not None
+        return self.history
+
+    def save_events(self) -> list[Event]:
+        """The run's ``save_end`` and ``save_elsewhere`` events so far, from memory."""
+        return self.ledger_now().saves
 
     def current_save_history(self) -> SaveHistory:
         """The save history without reading the log (seeded here if the run start did not)."""

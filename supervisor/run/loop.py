@@ -25,7 +25,6 @@ from ..control import ControlServer, new_token
 from ..errors import ExitCode, UsageError
 from ..events import Ev, EventLog
 from ..failures import classify
-from ..budget import ledger_from_events
 from ..ledger import newest_save
 from ..health import after_loss_anomaly
 from ..lock import RunLock
@@ -197,7 +196,7 @@ class Runner:
             attempt_no += 1
             state = start_state(ctx, attempt_no)
             if state.resume_path is None:  # nothing to hand over: a start from scratch must not lose a save
-                state.elsewhere_before = newest_save(ctx.read_events())
+                state.elsewhere_before = newest_save(ctx.save_events())
             missing = check_durable_history(ctx, state)
             if missing is not None:
                 return self._end(RunOutcome.STOPPED, ExitCode.STOPPED, missing, state, stopped_by="resume_audit")
@@ -307,7 +306,7 @@ class Runner:
         dropped, cut = child.lines_not_analysed()
         if dropped or cut:
             ctx.emit(Ev.WARNING, attempt=state.attempt, reason="output lines not analysed", dropped=dropped, cut=cut)
-        records = ledger_from_events(ctx.read_events())
+        records = ctx.ledger_now().records()  # from memory: the log is not read again
         verdict = judge_attempt(failure, facts, records[:-1], records, ctx.cfg.policy, ctx.cfg.budget,
                                 ctx.slurm_env.job_id, exit_.status)
         if not done:
