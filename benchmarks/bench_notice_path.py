@@ -41,6 +41,10 @@ def _prefill(events: Path, n: int) -> None:
             else:
                 rec = {"ts": t0 + i, "event": "progress", "v": 1, "attempt": 1, "step": i, "rate": 2.0}
             f.write(json.dumps(rec) + "\n")
+        # A long run's history was written long ago: flushed to disk, not dirty pages that the
+        # supervisor's first fsync of the log (a durable event) would have to write out.
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def one(n: int, repo: Path) -> tuple[float, float]:
@@ -78,9 +82,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repo", type=Path, default=REPO, help="the checkout to measure (default: this one)")
+    ap.add_argument("--sizes", help="comma-separated event counts (default 0,10000,100000,300000)")
+    ap.add_argument("--rounds", type=int)
     args = ap.parse_args()
     sizes = (0, 10_000) if args.quick else (0, 10_000, 100_000, 300_000)
-    rounds = 1 if args.quick else 3
+    if args.sizes:
+        sizes = tuple(int(x) for x in args.sizes.split(","))
+    rounds = args.rounds or (1 if args.quick else 3)
     print(f"# {platform.node()} {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}, python {platform.python_version()}, "
           f"{args.repo}")
     print("| events before the notice | notice -> arbitration, ms (median of %d) | all rounds "

@@ -184,7 +184,6 @@ ADD_ONS = ("supervisor.report", "supervisor.diagnose", "supervisor.health", "sup
 # edge fails below, and so does an edge listed here that no longer exists.
 KNOWN_CORE_TO_ADD_ON = {
     ("supervisor.run.context", "supervisor.nodes"): "note_node opens the node ledger",
-    ("supervisor.run.context", "supervisor.notify"): "emit passes each event to notify",
     ("supervisor.run.loop", "supervisor.health"): "the GPU check after a loss anomaly",
     ("supervisor.run.loop", "supervisor.manifest"): "the manifest thread at launch",
     ("supervisor.run.loop", "supervisor.run.node_health"): "failures and exclusions into the node ledger",

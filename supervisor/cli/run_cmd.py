@@ -61,9 +61,10 @@ def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpo
     if extra:  # added to checkpoint.safe_globals from the config file, not instead of them
         merged = tuple(dict.fromkeys((*cfg.checkpoint.safe_globals, *extra)))
         cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, safe_globals=merged))
+    from ..notify import sink_for
     from ..run import Runner
 
-    result = Runner(cfg, list(command), echo=not quiet).run()
+    result = Runner(cfg, list(command), echo=not quiet, sinks=[sink_for(cfg.notify)]).run()
     sys.exit(result.exit_code)
 
 

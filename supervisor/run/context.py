@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..config import SupervisorConfig
 from ..events import Ev, Event, EventLog, parse_line
 from ..ledger import Ledger
-from ..notify import on_event
 from ..preemption import SaveHistory
 from ..signals import signal_number
 from ..slurm import SlurmEnv
@@ -17,6 +16,11 @@ from .layout import RunLayout
 from .seams import Channel, ChildStarter, Clock, SlurmView, Waker
 
 log = logging.getLogger("supervisor.run")
+
+# An add-on's view of the run: called on the loop's thread with each event's name and fields as it is
+# recorded. It must return at once and never raise (a raise is logged and the run goes on). The
+# composition root (supervisor/cli/run_cmd.py) registers them: notify is one.
+EventSink = Callable[[str, Mapping[str, Any]], None]
 
 
 @dataclass
@@ -48,6 +52,7 @@ class RunContext:
     # The log as a projection: the run's events folded as each is recorded (seeded from the log read
     # once at start), so attempt start and end read the ledger and the saves from memory.
     history: Ledger | None = None
+    sinks: list[EventSink] = field(default_factory=list)  # add-ons told of each event (notify)
     cwd: Any = None  # the child's working directory (pathlib.Path): relative paths in its output start there
     resumability_said: Any = None  # (ok, missing) of the last resumability statement (run/resumable.py)
 
@@ -68,9 +73,11 @@ class RunContext:
                 self.save_history = self.save_history.with_event(recorded)
             if self.history is not None:
                 self._project(recorded)
-        notify = getattr(self.cfg, "notify", None)
-        if notify is not None:
-            on_event(notify, event.value, fields)  # returns at once, never raises
+        for sink in self.sinks:
+            try:
+                sink(event.value, fields)
+            except Exception as exc:  # noqa: BLE001 - an add-on must never take the loop down
+                log.warning("event sink %r failed on %s: %s", sink, event.value, exc)
 
     def _project(self, recorded: Event) -> None:
         """Fold the event into the in-memory ledger as a reader of the file will see it (JSON types,

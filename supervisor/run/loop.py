@@ -8,6 +8,7 @@ through the seams of :mod:`.seams`, which tests replace with fakes (``tests/fake
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -39,7 +40,7 @@ from ..slurm import SlurmEnv, get_backend
 from ..states import Action, FailureClass, RunOutcome
 from . import notice as notices
 from .attempt import AttemptState
-from .context import RunContext
+from .context import EventSink, RunContext
 from .judge import AttemptFacts, AttemptVerdict, child_exit_text, failure_step, judge_attempt
 from .layout import child_plan, layout_for
 from .monitor import monitor
@@ -71,7 +72,8 @@ class Runner:
     def __init__(self, cfg: SupervisorConfig, argv: Sequence[str], *, environ: Mapping[str, str] | None = None,
                  cwd: Path | None = None, echo: bool = True, clock: Clock | None = None,
                  waker: Waker | None = None, start_child: ChildStarter | None = None,
-                 slurm: SlurmView | None = None, channel: Any = None, manifests: bool = True) -> None:
+                 slurm: SlurmView | None = None, channel: Any = None, manifests: bool = True,
+                 sinks: Sequence[EventSink] = ()) -> None:
         if not argv:
             raise UsageError("missing the training command after '--' (e.g. supervise run -- python train.py)")
         env = dict(os.environ if environ is None else environ)
@@ -91,7 +93,7 @@ class Runner:
                               slurm_env=slurm_env, clock=self._clock, waker=waker,
                               start_child=start_child or start_process,
                               slurm=slurm or BackgroundSlurm(slurm_env.job_id, get_backend), channel=channel,
-                              echo=echo, host=socket.gethostname(), cwd=cwd)
+                              echo=echo, host=socket.gethostname(), cwd=cwd, sinks=list(sinks))
         self.cwd = cwd
         self._child: ChildHandle | None = None
         self._loss_kinds: list[str] = []  # loss anomalies since this node's GPUs were last checked
@@ -186,6 +188,10 @@ class Runner:
         ctx.seed_save_history(previous)
         attempt_no = max((e.get("attempt") for e in previous if e.event == Ev.ATTEMPT_START.value
                           and isinstance(e.get("attempt"), int)), default=0)
+        del previous  # the ledger and the save history hold what the run needs of it
+        # What was read at start lives as long as the run: out of the collector's sight, so that a
+        # collection on the notice path does not walk a long run's history (docs/benchmarks.md).
+        gc.freeze()
         ctx.emit(Ev.RUN_START, name=ctx.layout.name, run_dir=str(self.paths.run_dir),
                  checkpoint_dir=str(ctx.layout.ckpt_dir), argv=ctx.argv, config_hash=ctx.cfg.config_hash(),
                  host=ctx.host, pid=os.getpid(), job_id=ctx.slurm_env.job_id,
