@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .class_traits import classes_where
 from .events import Ev, Event
 from .fields import as_float, as_int, as_nodes, as_str
 from .states import Action, FailureClass
@@ -61,12 +62,12 @@ __all__ = [
 
 FC = FailureClass
 
-NOT_FAILURES = frozenset({FC.COMPLETED, FC.PREEMPTED, FC.TIME_LIMIT, FC.CANCELLED})
-SCHEDULER_ENDS = frozenset({FC.PREEMPTED, FC.TIME_LIMIT})
+# From the one table of class traits (supervisor/class_traits.py).
+NOT_FAILURES = classes_where(answerable=False)
+SCHEDULER_ENDS = classes_where(scheduler_end=True)
 # Failures after which the numbers the training produced are suspect: a memory error or a faulty
 # GPU can corrupt weights or gradients silently, before (or without) the crash that shows it.
-RESULTS_CHECK_CLASSES = frozenset({FC.ILLEGAL_MEMORY_ACCESS, FC.CUDA_LAUNCH_FAILURE, FC.DEVICE_ASSERT,
-                                   FC.HARDWARE_FAULT})
+RESULTS_CHECK_CLASSES = classes_where(results_check=True)
 
 
 @dataclass(frozen=True)

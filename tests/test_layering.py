@@ -35,7 +35,7 @@ LEAF_MODULES = {
     "supervisor.slurm.env",
     "supervisor.slurm.parse", "supervisor.client", "supervisor.determinism", "supervisor.checkpoints.atomic",
     "supervisor.sharded", "supervisor.commit_marker", "supervisor.redact", "supervisor.textsafe",
-    "supervisor.private",
+    "supervisor.private", "supervisor.class_traits",
 }
 DECISION_MODULES = {
     "supervisor.config",  # the policy and budget tables the decisions are parameterised by
