@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -74,7 +75,8 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
+@functools.lru_cache(maxsize=None)  # each file parsed once per session (the tests below share it)
+def imports_of(path: Path, *, top_level_only: bool = False) -> frozenset[str]:
     """Absolute module names this file imports (relative imports resolved)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -105,7 +107,7 @@ def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
             visit(child, inner)
 
     visit(tree, False)
-    return found
+    return frozenset(found)
 
 
 def _exists(module: str) -> bool:
