@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from .class_traits import classes_where
 from .events import Ev, Event
 from .fields import as_float, as_int, as_nodes, as_str
 from .states import Action, FailureClass
@@ -39,6 +40,7 @@ __all__ = [
     "RESULTS_CHECK_CLASSES",
     "SCHEDULER_ENDS",
     "AttemptRecord",
+    "Ledger",
     "LossAnomaly",
     "ResultsCheck",
     "SuspectEvent",
@@ -60,12 +62,12 @@ __all__ = [
 
 FC = FailureClass
 
-NOT_FAILURES = frozenset({FC.COMPLETED, FC.PREEMPTED, FC.TIME_LIMIT, FC.CANCELLED})
-SCHEDULER_ENDS = frozenset({FC.PREEMPTED, FC.TIME_LIMIT})
+# From the one table of class traits (supervisor/class_traits.py).
+NOT_FAILURES = classes_where(answerable=False)
+SCHEDULER_ENDS = classes_where(scheduler_end=True)
 # Failures after which the numbers the training produced are suspect: a memory error or a faulty
 # GPU can corrupt weights or gradients silently, before (or without) the crash that shows it.
-RESULTS_CHECK_CLASSES = frozenset({FC.ILLEGAL_MEMORY_ACCESS, FC.CUDA_LAUNCH_FAILURE, FC.DEVICE_ASSERT,
-                                   FC.HARDWARE_FAULT})
+RESULTS_CHECK_CLASSES = classes_where(results_check=True)
 
 
 @dataclass(frozen=True)
@@ -336,47 +338,67 @@ def _settle(record: AttemptRecord, fold: _Fold, next_record: AttemptRecord | Non
     return replace(record, steps_lost=lost, steps_lost_at_least=at_least, wall_lost=wall)
 
 
-def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
-    """Fold the event log (file order) into one record per attempt, in attempt order.
+class Ledger:
+    """The log as a projection: :meth:`apply` each event as it is written (or read back), and
+    :meth:`records` gives the ledger at once, the log never read again. The run loop keeps one in
+    memory (``RunContext.emit``); :func:`ledger_from_events` folds a whole log through one.
 
-    Tolerant of gaps: an event naming an attempt that never started creates it; an event without an
-    ``attempt`` field belongs to the attempt in progress (a save found by the final rescan after
-    ``attempt_end`` still counts for that attempt); an attempt with no ``attempt_end`` is reported
-    with ``cls`` None (``status`` "incomplete"). A ``resume_point`` alone creates no attempt.
+    Besides the attempts it keeps the events about saves (``save_end``, ``save_elsewhere``): the
+    resume-point chooser, the single-copy warning and the durable-history audit read those, and a
+    long run's log is mostly ``progress``.
     """
-    folds: dict[int, _Fold] = {}
-    told: dict[int, Mapping[str, Any]] = {}  # resume_point fields of attempts not started yet
-    current: _Fold | None = None
 
-    def fold_for(ev: Event) -> _Fold | None:
-        nonlocal current
+    def __init__(self) -> None:
+        self._folds: dict[int, _Fold] = {}
+        self._told: dict[int, Mapping[str, Any]] = {}  # resume_point fields of attempts not started yet
+        self._current: _Fold | None = None
+        self.saves: list[Event] = []  # save_end and save_elsewhere events, in log order
+        self.events = 0  # how many events were applied
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> "Ledger":
+        ledger = cls()
+        for ev in events:
+            ledger.apply(ev)
+        return ledger
+
+    @property
+    def last_attempt(self) -> int:
+        """The highest attempt number the log has started (0: none)."""
+        return max((n for n, f in self._folds.items() if f.started), default=0)
+
+    def _fold_for(self, ev: Event) -> _Fold | None:
         number = as_int(ev.get("attempt"))
         if number is None:
-            return current
-        if number not in folds:
-            folds[number] = _Fold(number)
-            if number in told:
-                folds[number].resume(told[number], "path", "step")
-        if current is None or number >= current.attempt:
-            current = folds[number]
-        return folds[number]
+            return self._current
+        if number not in self._folds:
+            self._folds[number] = _Fold(number)
+            if number in self._told:
+                self._folds[number].resume(self._told[number], "path", "step")
+        if self._current is None or number >= self._current.attempt:
+            self._current = self._folds[number]
+        return self._folds[number]
 
-    for ev in events:
+    def apply(self, ev: Event) -> None:
+        """Fold one event (file order) into the attempts it concerns."""
+        self.events += 1
+        if ev.event in (Ev.SAVE_END.value, Ev.SAVE_ELSEWHERE.value):
+            self.saves.append(ev)
         name = ev.event
         if name == Ev.RESUME_POINT.value:
             number = as_int(ev.get("attempt"))
-            if number is not None and number in folds:
-                if not folds[number].resume_told:
-                    folds[number].resume(ev.fields, "path", "step")
+            if number is not None and number in self._folds:
+                if not self._folds[number].resume_told:
+                    self._folds[number].resume(ev.fields, "path", "step")
             elif number is not None:
-                told[number] = ev.fields
-            continue
+                self._told[number] = ev.fields
+            return
         if name == Ev.ATTEMPT_START.value:
             number = as_int(ev.get("attempt"))
             if number is None:
-                number = max(folds, default=0) + 1
-            f = folds.setdefault(number, _Fold(number))
-            current = f
+                number = max(self._folds, default=0) + 1
+            f = self._folds.setdefault(number, _Fold(number))
+            self._current = f
             f.started, f.start = True, ev.ts
             f.see(None, ev.ts)
             f.job_id = as_str(ev.get("job_id"))
@@ -384,14 +406,14 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
             f.nodes = as_nodes(ev.get("nodes")) or as_nodes(ev.get("host"))
             if "resume_path" in ev.fields or "resume_step" in ev.fields:
                 f.resume(ev.fields, "resume_path", "resume_step")
-            elif number in told and not f.resume_told:
-                f.resume(told[number], "path", "step")
-            continue
+            elif number in self._told and not f.resume_told:
+                f.resume(self._told[number], "path", "step")
+            return
         if name not in _FOLDED:
-            continue
-        into = fold_for(ev)
+            return
+        into = self._fold_for(ev)
         if into is None:
-            continue
+            return
         f = into
         if name == Ev.PROGRESS.value:
             f.see(as_int(ev.get("step")), ev.ts)
@@ -439,10 +461,23 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
             if step is not None and (f.elsewhere is None or step >= f.elsewhere[1]):
                 f.elsewhere = (as_str(ev.get("path")), step)
 
-    ordered = [folds[n] for n in sorted(folds)]
-    base = [f.record() for f in ordered]
-    return [_settle(r, f, base[i + 1] if i + 1 < len(base) else None)
-            for i, (r, f) in enumerate(zip(base, ordered))]
+    def records(self) -> list[AttemptRecord]:
+        """One record per attempt, in attempt order (see :func:`ledger_from_events`)."""
+        ordered = [self._folds[n] for n in sorted(self._folds)]
+        base = [f.record() for f in ordered]
+        return [_settle(r, f, base[i + 1] if i + 1 < len(base) else None)
+                for i, (r, f) in enumerate(zip(base, ordered))]
+
+
+def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
+    """Fold the event log (file order) into one record per attempt, in attempt order.
+
+    Tolerant of gaps: an event naming an attempt that never started creates it; an event without an
+    ``attempt`` field belongs to the attempt in progress (a save found by the final rescan after
+    ``attempt_end`` still counts for that attempt); an attempt with no ``attempt_end`` is reported
+    with ``cls`` None (``status`` "incomplete"). A ``resume_point`` alone creates no attempt.
+    """
+    return Ledger.of(events).records()
 
 
 _FOLDED = frozenset(e.value for e in (Ev.PROGRESS, Ev.RESUMED, Ev.SAVE_END, Ev.ATTEMPT_END, Ev.FAILURE,

@@ -41,10 +41,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from tenacity import (
@@ -57,6 +57,7 @@ from tenacity import (
 
 from . import __version__
 from .config import NotifyConfig
+from .events import Event
 from .ledger import RESULTS_CHECK_CLASSES
 from .redact import redact_text, redact_value
 
@@ -228,6 +229,69 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         pass
 
 
+class Channel(Protocol):
+    """One way of telling a person. ``send`` runs on the notifier's thread with the JSON body and
+    the payload it encodes; it raises :class:`SendFailed` (``retry=False`` for a fault no retry
+    can mend), and is retried with backoff otherwise. ``name`` appears in failure messages."""
+
+    @property
+    def name(self) -> str: ...
+
+    def send(self, body: bytes, payload: Mapping[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class CommandChannel:
+    """``notify.command``: the program gets the body on stdin and the main facts in its environment."""
+
+    argv: tuple[str, ...]
+    timeout: float
+    name: str = "command"
+
+    def send(self, body: bytes, payload: Mapping[str, Any]) -> None:
+        run_command(list(self.argv), body, command_env(payload, os.environ), self.timeout)
+
+
+@dataclass(frozen=True)
+class UrlChannel:
+    """``notify.url``: the body POSTed as JSON (``${VAR}`` in the URL read when sending)."""
+
+    url: str
+    timeout: float
+    name: str = "url"
+
+    def send(self, body: bytes, payload: Mapping[str, Any]) -> None:
+        post_json(self.url, body, self.timeout)
+
+
+ChannelFactory = Callable[[NotifyConfig], "Channel | None"]
+
+
+def _command_channel(cfg: NotifyConfig) -> Channel | None:
+    return CommandChannel(tuple(shlex.split(cfg.command)), cfg.timeout) if cfg.command else None
+
+
+def _url_channel(cfg: NotifyConfig) -> Channel | None:
+    return UrlChannel(cfg.url, cfg.timeout) if cfg.url else None
+
+
+# The channels, in the order a notification is sent on them: each factory returns its channel when
+# the configuration asks for it, else None. A new channel is one class and one entry here
+# (docs/architecture.md, "How to add").
+CHANNELS: list[ChannelFactory] = [_command_channel, _url_channel]
+
+
+def register_channel(factory: ChannelFactory) -> None:
+    """Add a channel factory (taken by notifiers created afterwards)."""
+    if factory not in CHANNELS:
+        CHANNELS.append(factory)
+
+
+def channels_for(cfg: NotifyConfig) -> list[Channel]:
+    """The channels ``cfg`` asks for, in :data:`CHANNELS` order."""
+    return [c for c in (factory(cfg) for factory in CHANNELS) if c is not None]
+
+
 @dataclass
 class NotifyStats:
     """What happened to the notifications, for the run's record (counted, never raised)."""
@@ -251,7 +315,7 @@ class Notifier:
         self.cfg = cfg
         self.clock = clock
         self.wanted = frozenset(NotifyEvent(e) for e in cfg.events)
-        self.argv = shlex.split(cfg.command) if cfg.command else None
+        self.channels = channels_for(cfg)
         self.run = RunIdentity(job_id=os.environ.get("SLURM_JOB_ID"), host=socket.gethostname())
         self.stats = NotifyStats()
         self._told: set[str] = set()
@@ -318,18 +382,11 @@ class Notifier:
 
     def _send(self, payload: dict[str, Any]) -> None:
         body = json.dumps(payload, default=str).encode()
-        channels: list[tuple[str, Any]] = []
-        if self.argv:
-            argv, env = self.argv, command_env(payload, os.environ)
-            channels.append(("command", lambda: run_command(argv, body, env, self.cfg.timeout)))
-        if self.cfg.url:
-            url = self.cfg.url
-            channels.append(("url", lambda: post_json(url, body, self.cfg.timeout)))
-        for name, send in channels:
+        for channel in self.channels:
             try:
-                self._with_retries(send)
+                self._with_retries(lambda: channel.send(body, payload))  # noqa: B023 - called at once
             except (SendFailed, RetryError) as exc:
-                self._record_failure(payload, name, str(exc))
+                self._record_failure(payload, channel.name, str(exc))
             else:
                 with self._lock:
                     self.stats.sent += 1
@@ -385,6 +442,22 @@ def on_event(cfg: NotifyConfig, event_name: str, fields: Mapping[str, Any]) -> N
         notifier_for(cfg).offer(name, fields)
     except Exception as exc:  # noqa: BLE001 - a notification must never fail the run
         log.warning("notification skipped: %s: %s", type(exc).__name__, exc)
+
+
+class NotifySink:
+    """The run's sink (supervisor/sinks.py) for notifications: each recorded event goes to
+    :func:`on_event`, which queues what ``cfg`` asks for and returns at once."""
+
+    def __init__(self, cfg: NotifyConfig) -> None:
+        self.cfg = cfg
+
+    def accept(self, event: Event) -> None:
+        on_event(self.cfg, event.event, event.fields)
+
+
+def sink_for(cfg: NotifyConfig) -> NotifySink:
+    """The run loop's event sink for ``cfg`` (``RunContext.sinks``)."""
+    return NotifySink(cfg)
 
 
 def drain(cfg: NotifyConfig, timeout: float) -> NotifyStats | None:

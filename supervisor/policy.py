@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .class_traits import CLASSES
 from .ledger import (
     AttemptRecord,
     durable_end,
@@ -42,25 +43,9 @@ def _p(action: Action, retries: int = 3, exclude_node: bool = False) -> ClassPol
     return ClassPolicy(action=action, retries=retries, exclude_node=exclude_node)
 
 
+# Derived from the one table of class traits (supervisor/class_traits.py).
 DEFAULT_POLICY: dict[FailureClass, ClassPolicy] = {
-    FailureClass.NATIVE_CRASH: _p(Action.RESTART),
-    FailureClass.ILLEGAL_MEMORY_ACCESS: _p(Action.RESTART),
-    FailureClass.CUDA_LAUNCH_FAILURE: _p(Action.RESTART),
-    FailureClass.NCCL_ERROR: _p(Action.RESTART),
-    FailureClass.HANG: _p(Action.RESTART, 2),
-    FailureClass.HARDWARE_FAULT: _p(Action.REQUEUE, 2, exclude_node=True),
-    FailureClass.INTERCONNECT: _p(Action.REQUEUE, 2, exclude_node=True),
-    FailureClass.SHM_EXHAUSTED: _p(Action.REQUEUE, 2, exclude_node=True),
-    FailureClass.NODE_FAILURE: _p(Action.REQUEUE, 2, exclude_node=True),
-    FailureClass.DEVICE_ASSERT: _p(Action.STOP, 0),
-    FailureClass.CUDA_OOM: _p(Action.STOP, 0),
-    FailureClass.HOST_OOM: _p(Action.STOP, 0),
-    FailureClass.PYTHON_EXCEPTION: _p(Action.STOP, 0),
-    FailureClass.PREEMPTED: _p(Action.REQUEUE, 1000),
-    FailureClass.TIME_LIMIT: _p(Action.REQUEUE, 1000),
-    FailureClass.CANCELLED: _p(Action.STOP, 0),
-    FailureClass.KILLED: _p(Action.RESTART, 1),
-    FailureClass.UNKNOWN: _p(Action.RESTART, 1),
+    cls: _p(t.action, t.retries, exclude_node=t.exclude_node) for cls, t in CLASSES.items() if cls is not FC.COMPLETED
 }
 
 

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -35,7 +36,7 @@ LEAF_MODULES = {
     "supervisor.slurm.env",
     "supervisor.slurm.parse", "supervisor.client", "supervisor.determinism", "supervisor.checkpoints.atomic",
     "supervisor.sharded", "supervisor.commit_marker", "supervisor.redact", "supervisor.textsafe",
-    "supervisor.private", "supervisor.sinks",
+    "supervisor.private", "supervisor.sinks", "supervisor.class_traits",
 }
 DECISION_MODULES = {
     "supervisor.config",  # the policy and budget tables the decisions are parameterised by
@@ -75,7 +76,8 @@ def _is_type_checking(node: ast.If) -> bool:
         isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
+@functools.lru_cache(maxsize=None)  # each file parsed once per session (the tests below share it)
+def imports_of(path: Path, *, top_level_only: bool = False) -> frozenset[str]:
     """Absolute module names this file imports (relative imports resolved)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
@@ -106,7 +108,7 @@ def imports_of(path: Path, *, top_level_only: bool = False) -> set[str]:
             visit(child, inner)
 
     visit(tree, False)
-    return found
+    return frozenset(found)
 
 
 def _exists(module: str) -> bool:
@@ -169,3 +171,61 @@ def test_no_import_cycles_at_import_time() -> None:
         if start not in state:
             dfs(start, [start])
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+# ------------------------------------------------------------------------------ core and add-ons
+# The core: the run loop, the decisions, checkpoints, the Slurm facade and the leaves. The add-ons
+# (docs/architecture.md, "Core and add-ons") are features the core must run without: the report,
+# diagnose, the GPU check, the node ledger and slow-node finder, submit and its templates, notify,
+# the manifest and the training-side integrations. The CLI and the training side are neither.
+ADD_ONS = ("supervisor.report", "supervisor.diagnose", "supervisor.health", "supervisor.nodes",
+           "supervisor.slownode", "supervisor.resubmit", "supervisor.templates", "supervisor.notify",
+           "supervisor.manifest", "supervisor.integrations", "supervisor.run.node_health")
+
+# Where the core still reaches an add-on today, each to be inverted with a hook or a sink (the
+# add-on registers itself; the core calls what was registered). The list may only shrink: a new
+# edge fails below, and so does an edge listed here that no longer exists.
+KNOWN_CORE_TO_ADD_ON = {
+    ("supervisor.run.context", "supervisor.nodes"): "note_node opens the node ledger",
+    ("supervisor.run.loop", "supervisor.health"): "the GPU check after a loss anomaly",
+    ("supervisor.run.loop", "supervisor.manifest"): "the manifest thread at launch",
+    ("supervisor.run.loop", "supervisor.run.node_health"): "failures and exclusions into the node ledger",
+    ("supervisor.run.monitor", "supervisor.nodes"): "loss anomaly and slow node records",
+    ("supervisor.run.monitor", "supervisor.slownode"): "the slow-node finder fed from heartbeats",
+    ("supervisor.run.start", "supervisor.health"): "the GPU preflight",
+    ("supervisor.run.start", "supervisor.manifest"): "the child's python for the GPU preflight",
+    ("supervisor.run.start", "supervisor.nodes"): "the GPU preflight's record",
+}
+
+
+def is_add_on(name: str) -> bool:
+    return any(name == a or name.startswith(a + ".") for a in ADD_ONS)
+
+
+def is_core(name: str) -> bool:
+    return not (is_add_on(name) or name in TRAINING_SIDE or name == "supervisor.__main__"
+                or name == "supervisor.cli" or name.startswith("supervisor.cli."))
+
+
+def core_to_add_on_edges() -> set[tuple[str, str]]:
+    """(core module, add-on it imports), lazy (function-level) imports included."""
+    return {(name, imp) for name, path in all_modules().items() if is_core(name)
+            for imp in imports_of(path) if imp.startswith("supervisor") and _exists(imp) and is_add_on(imp)}
+
+
+def test_the_core_never_imports_an_add_on_lazy_imports_included() -> None:
+    edges = core_to_add_on_edges()
+    new = sorted(f"{a} imports {b}" for a, b in edges - KNOWN_CORE_TO_ADD_ON.keys())
+    gone = sorted(f"{a} -> {b}" for a, b in KNOWN_CORE_TO_ADD_ON.keys() - edges)
+    assert not new, "the core imports an add-on (invert it with a hook or a sink):\n" + "\n".join(new)
+    assert not gone, "inverted: remove from KNOWN_CORE_TO_ADD_ON:\n" + "\n".join(gone)
+
+
+def test_lazy_imports_are_read() -> None:
+    # A function-level import is an import: supervisor/run/start.py reaches the GPU check only inside
+    # gpu_preflight(), and that edge must be seen.
+    start = all_modules()["supervisor.run.start"]
+    assert "supervisor.health" in imports_of(start)
+    assert "supervisor.health" not in imports_of(start, top_level_only=True)
+    assert all(is_core(m) for m in ("supervisor.run.loop", "supervisor.run.stop", "supervisor.checkpoints.resume",
+                                    "supervisor.slurm.requeue_policy", "supervisor.stall"))

@@ -17,6 +17,7 @@ from supervisor.cli import main
 from supervisor.config import BudgetConfig
 from supervisor.events import Ev, Event, EventLog
 from supervisor.ledger import (
+    Ledger,
     final_run_end,
     ledger_from_events,
     loss_anomalies,
@@ -99,6 +100,17 @@ def late_save_run(source: str = "regex") -> Log:
 def audit(run_dir: Path, *args: str) -> tuple[int, str]:
     result = CliRunner().invoke(main, ["audit", str(run_dir), *args])
     return result.exit_code, result.stdout
+
+
+def test_the_ledger_applied_event_by_event_is_the_fold_of_the_log_at_every_point():
+    # The run loop keeps a Ledger in memory and applies each event as it is written; at every point
+    # of the run it must say what a fold of the log so far says (audit, report, resubmit read that).
+    events = late_save_run().events
+    ledger = Ledger()
+    for n, ev in enumerate(events, start=1):
+        ledger.apply(ev)
+        assert ledger.records() == ledger_from_events(events[:n]), f"after event {n} ({ev.event})"
+    assert [e.get("step") for e in ledger.saves][-2:] == [90, 100]
 
 
 # --------------------------------------------------------------------------------------------- the resume point is the truth

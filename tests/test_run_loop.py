@@ -302,3 +302,24 @@ def test_a_save_open_for_writing_at_the_notice_is_blocked_on(tmp_path: Path, mon
     assert first["decision"] == "block", first["reason"]
     kills = [at for at, s in w["starter"].children[0].signals if s == KILL]
     assert kills and kills[0] >= 2.0, kills
+
+
+def test_the_ledger_the_loop_keeps_in_memory_is_the_one_a_reader_of_the_log_folds(tmp_path: Path) -> None:
+    # The loop never re-reads the log after run start: its ledger is folded as each event is written.
+    # What it decides from must be what `supervise audit` and the report fold from the file, after a
+    # hang, a crash with a save, a restart and completion.
+    from supervisor.events import read_events
+    from supervisor.ledger import ledger_from_events
+
+    crash = ChildScript([*heartbeats(1, 4), (0.5, "msg", "save_begin", {"step": 4, "path": "/x/step=4.ckpt"}),
+                         (0.6, "msg", "save_end", {"step": 4, "path": "/x/step=4.ckpt", "bytes": 10, "duration": 0.1}),
+                         (0.8, "line", "step 6"), (0.9, "die", signal.SIGSEGV)])
+    stuck = ChildScript([*heartbeats(5, 7)], on_signal={TERM: "ignore"})
+    done = ChildScript([*heartbeats(5, 9), (1.0, "msg", "done", {}), (1.1, "exit", 0)])
+    runner, w = make(tmp_path, [crash, stuck, done], sets=("stall_timeout=5",))
+    assert runner.run().outcome is RunOutcome.COMPLETE
+    in_memory = runner.ctx.history
+    assert in_memory is not None
+    from_file = read_events(w["run_dir"] / "supervisor" / "events.jsonl").events
+    assert in_memory.records() == ledger_from_events(from_file)
+    assert [r.status for r in in_memory.records()] == ["native_crash", "hang", "completed"]

@@ -9,7 +9,10 @@ next phase and the effects the loop must carry out. What the table pins, in word
 * a save that lands ends BLOCKING/SAVING with the graceful signal; an unchanged child gets SIGKILL at
   once after it, a cooperative one may use the time up to the deadline;
 * at deadline - margin a save still running is aborted (SIGKILL plus an abort), never waited for;
-* a deadline only ever moves earlier; SIGKILL repeats every second until the child is gone.
+* a deadline only ever moves earlier; SIGKILL repeats every second until the child is gone;
+* why the attempt stops is one cause, set by advance() alone: the first stop sets it, a later one
+  (while stopping) only replaces it when it ranks higher (``stop.CAUSE_RANK``), and never moves the
+  phase.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from supervisor.run.stop import (
     AbortDue,
     AbortSave,
     Broadcast,
+    Cause,
+    CauseKind,
     DeadlineMoved,
     ForceKill,
     NoticeArrived,
@@ -32,13 +37,17 @@ from supervisor.run.stop import (
     SignalGroup,
     StopAsked,
     StopPhase,
-    StopReason,
     StopState,
     Tick,
     WriteStopFile,
     advance,
 )
 from supervisor.states import SaveDecision
+
+AUDIT = Cause(CauseKind.POLICY, "resume audit failed", by="resume_audit")
+STALL = Cause(CauseKind.HANG, "no progress for 300 s")
+CTRL_C = Cause(CauseKind.INTERRUPT, "interrupted by a person")
+SLOW = Cause(CauseKind.REQUEUE, "slow node: n1")
 
 T0 = 1000.0  # the notice arrives here
 DEADLINE = T0 + 60.0
@@ -102,11 +111,11 @@ ROWS = [
         ["stopfile", "broadcast:save_now", "broadcast:stop"]),
     Row("running", notice(SaveDecision.STOP_NOW), T0, "terminating", ["stopfile", "broadcast:stop", "TERM"]),
     Row("running", notice(SaveDecision.ABORT), T0, "killing", ["stopfile", "broadcast:stop", "abort", "KILL"]),
-    Row("running", StopAsked(StopReason.POLICY, "resume audit", grace=30.0), T0, "terminating",
+    Row("running", StopAsked(AUDIT, grace=30.0), T0, "terminating",
         ["broadcast:stop", "TERM"]),
-    Row("running", StopAsked(StopReason.INTERRUPT, "Ctrl-C", grace=30.0, graceful_signal=signal.SIGINT), T0,
+    Row("running", StopAsked(CTRL_C, grace=30.0, graceful_signal=signal.SIGINT), T0,
         "terminating", ["broadcast:stop", "INT"]),
-    Row("running", ForceKill("second Ctrl-C"), T0, "killing", ["KILL"]),
+    Row("running", ForceKill(CTRL_C), T0, "killing", ["KILL"]),
     Row("running", SaveLanded(), T0, "running", []),
     Row("running", AbortDue("overrun"), T0, "running", []),
     Row("running", DeadlineMoved(T0 + 20, MARGIN), T0, "running", []),
@@ -117,8 +126,8 @@ ROWS = [
     Row("blocking", Tick(save_in_flight=True), LATER, "blocking", ["broadcast:stop"]),
     Row("blocking", Tick(save_in_flight=True), DUE, "killing", ["abort", "KILL"]),
     Row("blocking", notice(SaveDecision.STOP_NOW), LATER, "blocking", []),
-    Row("blocking", StopAsked(StopReason.POLICY, "stall", grace=5.0), LATER, "blocking", []),
-    Row("blocking", ForceKill("second Ctrl-C"), LATER, "killing", ["KILL"]),
+    Row("blocking", StopAsked(STALL, grace=5.0), LATER, "blocking", []),
+    Row("blocking", ForceKill(CTRL_C), LATER, "killing", ["KILL"]),
     Row("blocking", DeadlineMoved(T0 + 20, MARGIN), LATER, "blocking", []),
     # SAVING (an emergency save asked of a client)
     Row("saving", SaveLanded(), LATER, "terminating", ["broadcast:stop", "TERM"]),
@@ -126,20 +135,20 @@ ROWS = [
     Row("saving", Tick(save_in_flight=True), DUE, "killing", ["abort", "KILL"]),
     Row("saving", Tick(save_in_flight=False), DUE, "terminating", ["broadcast:stop", "TERM"]),
     Row("saving", AbortDue("overrun"), LATER, "saving", []),  # only BLOCKING aborts on a projection
-    Row("saving", ForceKill("hung"), LATER, "killing", ["KILL"]),
+    Row("saving", ForceKill(CTRL_C), LATER, "killing", ["KILL"]),
     # TERMINATING: SIGKILL at kill_at
     Row("terminating", Tick(), LATER, "terminating", ["broadcast:stop"]),
     Row("terminating", Tick(), PAST_KILL, "killing", ["KILL"]),
     Row("terminating", SaveLanded(), LATER, "terminating", []),
-    Row("terminating", ForceKill("hung"), LATER, "killing", ["KILL"]),
+    Row("terminating", ForceKill(CTRL_C), LATER, "killing", ["KILL"]),
     Row("terminating", notice(SaveDecision.ABORT), LATER, "terminating", []),
     # KILLING: SIGKILL every second until the group is gone; nothing else changes it
     Row("killing", Tick(), T0 + KILL_EVERY / 2, "killing", []),
     Row("killing", Tick(), T0 + KILL_EVERY, "killing", ["KILL"]),
-    Row("killing", ForceKill("again"), LATER, "killing", []),
+    Row("killing", ForceKill(CTRL_C), LATER, "killing", []),
     Row("killing", SaveLanded(), LATER, "killing", []),
     Row("killing", notice(SaveDecision.BLOCK), LATER, "killing", []),
-    Row("killing", StopAsked(StopReason.POLICY, "stall", grace=5.0), LATER, "killing", []),
+    Row("killing", StopAsked(STALL, grace=5.0), LATER, "killing", []),
 ]
 
 
@@ -180,11 +189,11 @@ def test_a_deadline_only_moves_earlier_and_pulls_the_kill_with_it() -> None:
 
 
 def test_a_notice_while_a_policy_stop_runs_only_brings_the_end_closer() -> None:
-    state, _ = advance(StopState(), StopAsked(StopReason.POLICY, "stall", grace=300.0), T0)
+    state, _ = advance(StopState(), StopAsked(STALL, grace=300.0), T0)
     assert state.kill_at == T0 + 300
     state, effects = advance(state, notice(SaveDecision.BLOCK, deadline=T0 + 30), T0 + 1)
     assert effects == () and state.phase is StopPhase.TERMINATING
-    assert (state.reason, state.deadline, state.kill_at) == (StopReason.POLICY, T0 + 30, T0 + 30)
+    assert (state.cause, state.deadline, state.kill_at) == (STALL, T0 + 30, T0 + 30)
 
 
 def test_a_save_open_for_writing_when_an_unchanged_child_is_due_to_die_is_blocked_on_then_killed() -> None:
@@ -216,5 +225,47 @@ def test_a_writer_found_too_late_or_for_a_cooperative_child_changes_nothing() ->
     state, _ = advance(cooperative, Tick(writer_open=True), PAST_KILL)
     assert state.phase is StopPhase.KILLING
     # A policy stop (stall, resume audit) is not a notice: no blocking on writers there either.
-    policy, _ = advance(StopState(), StopAsked(StopReason.POLICY, "stall", grace=0.0), T0)
+    policy, _ = advance(StopState(), StopAsked(STALL, grace=0.0), T0)
     assert not kill_due(policy, T0)
+
+
+# ------------------------------------------------------------------------------------ the one cause
+
+NOTICE_WHY = "test: block"
+
+CAUSE_ROWS = [
+    # (first stop, second stop, the cause the verdict reads)
+    (notice(SaveDecision.BLOCK), StopAsked(AUDIT, grace=30.0), AUDIT),  # a policy stop during a notice stops the run
+    (notice(SaveDecision.BLOCK), StopAsked(CTRL_C, grace=30.0), CTRL_C),  # a person's word beats the notice
+    (notice(SaveDecision.BLOCK), StopAsked(SLOW, grace=30.0), SLOW),
+    (StopAsked(AUDIT, grace=30.0), notice(SaveDecision.BLOCK), AUDIT),  # the notice only moves the deadline
+    (StopAsked(AUDIT, grace=30.0), StopAsked(SLOW, grace=30.0), AUDIT),  # a requeue never undoes a policy stop
+    (StopAsked(SLOW, grace=30.0), StopAsked(AUDIT, grace=30.0), AUDIT),
+    (StopAsked(AUDIT, grace=30.0), StopAsked(Cause(CauseKind.POLICY, "loss anomaly", by="loss_policy"), 30.0),
+     AUDIT),  # equal rank: the first stays
+    (StopAsked(STALL, grace=5.0), StopAsked(CTRL_C, grace=30.0), STALL),  # the stall is what ended the attempt
+    (StopAsked(CTRL_C, grace=30.0), ForceKill(Cause(CauseKind.LOCK_LOST, "taken")),
+     Cause(CauseKind.LOCK_LOST, "taken")),
+]
+
+
+@pytest.mark.parametrize("first,second,kept", CAUSE_ROWS,
+                         ids=lambda x: getattr(getattr(x, "cause", None), "kind", type(x).__name__).__str__())
+def test_one_cause_the_stronger_kept_and_the_phase_left_alone(first: Any, second: Any, kept: Cause) -> None:
+    state, _ = advance(StopState(), first, T0)
+    phase = state.phase
+    state, _ = advance(state, second, T0 + 1)
+    assert state.cause == kept
+    if not isinstance(second, ForceKill):
+        assert state.phase is phase
+
+
+def test_a_notice_sets_the_notice_cause_with_the_arbitrations_words_and_clients_read_preemption() -> None:
+    state, effects = advance(StopState(), notice(SaveDecision.STOP_NOW), T0)
+    assert state.cause == Cause(CauseKind.NOTICE, "test: stop_now")
+    stop = next(e for e in effects if isinstance(e, Broadcast) and e.kind == "stop")
+    assert stop.as_dict()["reason"] == "preemption"
+    state, effects = advance(StopState(), StopAsked(CTRL_C, grace=30.0), T0)
+    assert next(e for e in effects if isinstance(e, Broadcast)).as_dict()["reason"] == "interrupt"
+    state, effects = advance(StopState(), StopAsked(STALL, grace=30.0), T0)
+    assert next(e for e in effects if isinstance(e, Broadcast)).as_dict()["reason"] == "policy"

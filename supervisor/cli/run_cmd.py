@@ -62,9 +62,10 @@ def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpo
         merged = tuple(dict.fromkeys((*cfg.checkpoint.safe_globals, *extra)))
         cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, safe_globals=merged))
     from ..metrics.sink import metrics_sink
+    from ..notify import sink_for
     from ..run import Runner
 
-    runner = Runner(cfg, list(command), echo=not quiet)
+    runner = Runner(cfg, list(command), echo=not quiet, sinks=[sink_for(cfg.notify)])
     sink = metrics_sink(cfg.metrics, runner.paths.run_dir, runner.paths.events, runner.ctx.layout.name,
                         runner.ctx.host)
     if sink is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..preemption import InFlightSave, Notice, SaveHistory
+from ..slurm.stop_cause import StopVerdict
 from .stop import StopState
 
 
@@ -22,6 +23,39 @@ class SaveRecord:
     ok: bool
     source: str
     at: float  # when the save ended
+
+
+@dataclass
+class Peers:
+    """Who the attempt heard from on the control channel."""
+
+    clients: set[tuple[str, int]] = field(default_factory=set)  # (host, port) of each client seen
+    nodes: set[str] = field(default_factory=set)  # hosts the training ran on (bounded by the monitor)
+    client_done: bool = False  # the client said training is complete
+    determinism: dict[str, Any] = field(default_factory=dict)  # the settings a client reported
+
+
+@dataclass
+class HealthSigns:
+    """What the attempt showed about its nodes: a slowdown, loss anomalies, nodes to avoid."""
+
+    slowdown_active: bool = False
+    loss_anomalies: list[str] = field(default_factory=list)  # kinds (nan/inf/spike): gpu_check.after_loss_anomaly
+    exclude: set[str] = field(default_factory=set)  # nodes to keep away from on a requeue (slow node, failed GPU)
+
+
+@dataclass
+class NoticeFacts:
+    """What Slurm said about the stop. Two deadlines, two facts: ``notice.deadline`` is Slurm's
+    (when it ends the job: the requeue call and the job-record reads after the exit are timed by
+    it); ``AttemptState.deadline`` is the child's (the stop machine's, never later than Slurm's: a
+    policy stop may end the child sooner). Both move only earlier, and only ``refine_deadline``
+    moves them, the child's through ``advance()``."""
+
+    notice: Notice | None = None
+    deadline_source: str | None = None  # where the notice's deadline came from
+    refine_until: float = 0.0  # keep asking Slurm for the real deadline until then
+    verdict: StopVerdict | None = None  # why Slurm (or a person) ended the attempt, read after the exit
 
 
 @dataclass
@@ -41,28 +75,13 @@ class AttemptState:
     resume_checked: bool = False
     saves: list[SaveRecord] = field(default_factory=list)
     in_flight: InFlightSave | None = None
-    notice: Notice | None = None
-    stop: StopState = field(default_factory=StopState)
+    stop: StopState = field(default_factory=StopState)  # the stop machine: phase, the one cause, the deadline
+    slurm: NoticeFacts = field(default_factory=NoticeFacts)
+    peers: Peers = field(default_factory=Peers)
+    health: HealthSigns = field(default_factory=HealthSigns)
     save_history: SaveHistory | None = None  # what the notice was arbitrated with
     checkpoint_dir_error: str | None = None  # the checkpoint directory could not be listed
-    stop_verdict: Any = None  # supervisor.slurm.StopVerdict: why Slurm (or a person) ended the attempt
-    lock_lost: str | None = None  # another supervisor took the run directory while this attempt ran
-    deadline_source: str | None = None  # where the notice's deadline came from
-    refine_until: float = 0.0  # keep asking Slurm for the real deadline until then
     aborted_save: bool = False
-    hang: bool = False  # the supervisor found the child stalled and ended it
-    stall_reason: str | None = None
-    cancelled: bool = False  # a person interrupted (SIGINT)
-    stopped_reason: str | None = None  # the supervisor itself ended the attempt (mismatch, loss)
-    stopped_by: str | None = None  # the policy behind stopped_reason (resume_audit, loss_policy)
-    clients: set[tuple[str, int]] = field(default_factory=set)
-    client_done: bool = False  # the client said training is complete
-    nodes: set[str] = field(default_factory=set)
-    determinism: dict[str, Any] = field(default_factory=dict)
-    slowdown_active: bool = False
-    loss_anomalies: list[str] = field(default_factory=list)  # kinds (nan/inf/spike): gpu_check.after_loss_anomaly
-    exclude: set[str] = field(default_factory=set)  # nodes to keep away from on a requeue (slow node, failed GPU)
-    requeue_reason: str | None = None  # the supervisor stopped the attempt to come back elsewhere (slow node)
     last_progress_event_at: float = 0.0
     last_loss: float | None = None  # the newest loss a rank-0 heartbeat carried (for `supervise status`)
     max_step: int | None = None  # the last step the training will run, as its client reported it
@@ -71,6 +90,15 @@ class AttemptState:
     resume_output: str | None = None  # an output line that showed the training load a checkpoint
     # (path, step, attempt): the newest save an earlier attempt made, when this one has no resume point
     elsewhere_before: tuple[str | None, int, int | None] | None = None
+
+    @property
+    def notice(self) -> Notice | None:
+        return self.slurm.notice
+
+    @property
+    def deadline(self) -> float | None:
+        """The child's deadline: the stop machine's (moved only earlier, by advance())."""
+        return self.stop.deadline
 
     def observe_step(self, step: int, now: float, source: str) -> bool:
         """Record a step report; client reports win over regex matches once seen.

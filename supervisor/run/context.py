@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..config import SupervisorConfig
-from ..events import Ev, EventLog
-from ..notify import on_event
+from ..events import Ev, Event, EventLog, parse_line
+from ..ledger import Ledger
 from ..preemption import SaveHistory
+from ..redact import redact_value
 from ..signals import signal_number
 from ..sinks import Sink, deliver
 from ..slurm import SlurmEnv
@@ -17,6 +19,11 @@ from .layout import RunLayout
 from .seams import Channel, ChildStarter, Clock, SlurmView, Waker
 
 log = logging.getLogger("supervisor.run")
+
+# An add-on's view of the run (supervisor/sinks.py): each event as it is recorded, on the loop's
+# thread. The composition root (supervisor/cli/run_cmd.py) registers them: notify and the metrics
+# writer; the loop imports neither.
+EventSink = Sink
 
 
 @dataclass
@@ -45,10 +52,13 @@ class RunContext:
     # The run's save durations, seeded from the log once at start and kept up to date by emit(): a
     # notice is arbitrated from memory, never by re-reading a log that grows with the run's age.
     save_history: SaveHistory | None = None
+    # The log as a projection: the run's events folded as each is recorded (seeded from the log read
+    # once at start), so attempt start and end read the ledger and the saves from memory.
+    history: Ledger | None = None
     cwd: Any = None  # the child's working directory (pathlib.Path): relative paths in its output start there
     resumability_said: Any = None  # (ok, missing) of the last resumability statement (run/resumable.py)
-    # Whatever else wants each recorded event (supervisor/sinks.py): the CLI registers the metrics
-    # writer here, so the loop never imports it.
+    # Whatever else wants each recorded event (supervisor/sinks.py): the CLI registers notify and
+    # the metrics writer here, so the loop imports neither.
     sinks: list[Sink] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -56,20 +66,34 @@ class RunContext:
             self.notice_signals = frozenset(signal_number(s) for s in self.cfg.preemption.signals)
 
     def emit(self, event: Ev, **fields: Any) -> None:
-        """Record an event. The log must never take the loop down: a failure is logged, not raised."""
+        """Record an event. The log must never take the loop down: a failure is logged, not raised.
+        The sinks (notify, metrics) are told of it even then, with the event as it would have been
+        recorded (redacted, timestamped)."""
         if self.events is None:
             return
         try:
             recorded = self.events.emit(event, **fields)
         except Exception as exc:  # a full disk or a deleted run dir must not orphan the child
             log.error("could not record %s: %s", event.value, exc)
+            recorded = Event(event.value, time.time(), redact_value(fields))
         else:
             if event is Ev.SAVE_END and self.save_history is not None:
                 self.save_history = self.save_history.with_event(recorded)
-            deliver(self.sinks, recorded)  # the one fan-out point to the registered sinks; never raises
-        notify = getattr(self.cfg, "notify", None)
-        if notify is not None:
-            on_event(notify, event.value, fields)  # returns at once, never raises
+            if self.history is not None:
+                self._project(recorded)
+        deliver(self.sinks, recorded)  # the one fan-out point to the registered sinks; never raises
+
+    def _project(self, recorded: Event) -> None:
+        """Fold the event into the in-memory ledger as a reader of the file will see it (JSON types,
+        the validity check), not as passed. Never raises: the projection must not take the loop down."""
+        assert self.history is not None
+        try:
+            as_read = parse_line(recorded.to_json())
+        except (TypeError, ValueError, RecursionError) as exc:
+            log.error("could not fold %s into the ledger: %s", recorded.event, exc)
+            return
+        if as_read is not None:
+            self.history.apply(as_read)
 
     def note_node(self, record: Any) -> None:
         """Add a record to the node health ledger, on a background thread (never waits, never raises)."""
@@ -84,8 +108,20 @@ class RunContext:
             log.warning("node ledger: %s", exc)
 
     def seed_save_history(self, events: list[Any]) -> None:
-        """Start the in-memory save history from the log read once at run start."""
+        """Start the in-memory save history and ledger from the log read once at run start."""
         self.save_history = SaveHistory.from_events(events, unknown_save_s=self.cfg.preemption.unknown_save_s)
+        self.history = Ledger.of(events)
+
+    def ledger_now(self) -> Ledger:
+        """The run's ledger without reading the log (seeded here if the run start did not)."""
+        if self.history is None:
+            self.seed_save_history(self.read_events())
+        assert self.history is not None
+        return self.history
+
+    def save_events(self) -> list[Event]:
+        """The run's ``save_end`` and ``save_elsewhere`` events so far, from memory."""
+        return self.ledger_now().saves
 
     def current_save_history(self) -> SaveHistory:
         """The save history without reading the log (seeded here if the run start did not)."""

@@ -1,9 +1,11 @@
 """After an attempt: what ended it, and what the run does next. One pure function, :func:`judge_attempt`.
 
 The classifier reads the output; the supervisor knows more than the text and its knowledge wins:
-a stall it detected is a hang, a person's Ctrl-C or scancel is a cancel, a notice is a preemption
-or a time limit (unless the client said training had finished), and an exit the supervisor itself
-forced (resume audit, loss policy) is a stop by that policy. Then the restart policy
+why the supervisor stopped the attempt (one :class:`~supervisor.run.stop.Cause`, set by the stop
+machine) and what Slurm says ended it. A stall it detected is a hang, a person's Ctrl-C or scancel
+is a cancel, a notice is a preemption or a time limit (unless the client said training had
+finished), and an exit the supervisor itself forced (resume audit, loss policy) is a stop by that
+policy. Then the restart policy
 (:func:`supervisor.policy.decide`) and the budgets (:func:`supervisor.budget.judge`) decide, and the
 verdict names whichever of them stopped the run.
 """
@@ -19,23 +21,24 @@ from ..errors import ExitCode
 from ..failures import Failure
 from ..policy import ClassPolicy, Decision, action_for, decide
 from ..states import Action, FailureClass, RunOutcome
+from .stop import Cause, CauseKind
 
 EXIT_CANCELLED = 130  # a person's Ctrl-C or scancel, as a shell reports SIGINT
 
 
 @dataclass(frozen=True)
 class AttemptFacts:
-    """What the supervisor itself knows about how the attempt ended."""
+    """What the supervisor itself knows about how the attempt ended: why it stopped the child
+    (``cause``, from the stop machine; None when nothing did) and what Slurm says ended it."""
 
-    hang: bool = False
-    cancelled: bool = False  # Ctrl-C
+    cause: Cause | None = None
     notice_class: FailureClass | None = None  # preempted / time_limit / cancelled, from the notice and Slurm
     notice_reason: str | None = None
     client_done: bool = False
-    stopped_reason: str | None = None
-    stopped_by: str | None = None
-    stall_reason: str | None = None
-    requeue_reason: str | None = None  # stopped to requeue away from a node (slow_node.action: requeue)
+
+    def caused_by(self, kind: CauseKind) -> str | None:
+        """The cause's words when the supervisor stopped the attempt for ``kind``, else None."""
+        return self.cause.why if self.cause is not None and self.cause.kind is kind else None
 
 
 @dataclass(frozen=True)
@@ -67,18 +70,19 @@ def effective_class(failure: Failure, facts: AttemptFacts) -> tuple[FailureClass
     if cls is FailureClass.COMPLETED and (failure.signal is not None or failure.exit_code not in (0, None)):
         # Killed after the training printed that it finished (a teardown hang, a late notice): done.
         return cls, failure.reason
-    if facts.hang:
-        return FailureClass.HANG, facts.stall_reason or "no progress: stalled"
-    if facts.cancelled:
+    kind = facts.cause.kind if facts.cause is not None else None
+    if kind is CauseKind.HANG:
+        return FailureClass.HANG, facts.caused_by(kind) or "no progress: stalled"
+    if kind is CauseKind.INTERRUPT:
         return FailureClass.CANCELLED, "interrupted by a person (Ctrl-C)"
     if facts.notice_class is not None:
         if cls is FailureClass.COMPLETED and facts.client_done:
             return cls, failure.reason
         return facts.notice_class, facts.notice_reason or f"stop notice ({facts.notice_class.value})"
-    if facts.requeue_reason is not None:
-        return FailureClass.HARDWARE_FAULT, facts.requeue_reason
-    if facts.stopped_reason is not None and cls is FailureClass.COMPLETED:
-        return FailureClass.UNKNOWN, facts.stopped_reason
+    if kind is CauseKind.REQUEUE:
+        return FailureClass.HARDWARE_FAULT, facts.caused_by(kind) or "stopped to requeue elsewhere"
+    if kind is CauseKind.POLICY and cls is FailureClass.COMPLETED:
+        return FailureClass.UNKNOWN, facts.caused_by(kind) or "stopped by a policy"
     return cls, failure.reason
 
 
@@ -100,13 +104,15 @@ def judge_attempt(failure: Failure, facts: AttemptFacts, history: Sequence[Any],
                                   f"training complete, but budget {cost.budget} exceeded: {cost.reason}",
                                   budget=cost)
         return AttemptVerdict(cls, failure, RunOutcome.COMPLETE, ExitCode.OK, "training complete")
-    if facts.stopped_reason is not None:
-        return AttemptVerdict(cls, failure, RunOutcome.STOPPED, ExitCode.STOPPED, facts.stopped_reason,
-                              stopped_by=facts.stopped_by)
-    if facts.requeue_reason is not None:
-        return AttemptVerdict(cls, failure, RunOutcome.REQUEUE, ExitCode.REQUEUE, facts.requeue_reason)
+    stopped = facts.caused_by(CauseKind.POLICY)
+    if stopped is not None:
+        return AttemptVerdict(cls, failure, RunOutcome.STOPPED, ExitCode.STOPPED, stopped,
+                              stopped_by=facts.cause.by if facts.cause is not None else None)
+    requeue = facts.caused_by(CauseKind.REQUEUE)
+    if requeue is not None:
+        return AttemptVerdict(cls, failure, RunOutcome.REQUEUE, ExitCode.REQUEUE, requeue)
     if cls is FailureClass.CANCELLED:
-        who = "interrupted by a person" if facts.cancelled else f"cancelled by a person: {reason}"
+        who = "interrupted by a person" if facts.caused_by(CauseKind.INTERRUPT) else f"cancelled by a person: {reason}"
         return AttemptVerdict(cls, failure, RunOutcome.INTERRUPTED, EXIT_CANCELLED, who, stopped_by="person")
     decision = decide(failure, history, policy, job_id, current=ledger[-1] if ledger else None,
                       min_progress=budget.min_durable_progress)

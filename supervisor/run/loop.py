@@ -8,6 +8,7 @@ through the seams of :mod:`.seams`, which tests replace with fakes (``tests/fake
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -25,7 +26,6 @@ from ..control import ControlServer, new_token
 from ..errors import ExitCode, UsageError
 from ..events import Ev, EventLog
 from ..failures import classify
-from ..budget import ledger_from_events
 from ..ledger import newest_save
 from ..health import after_loss_anomaly
 from ..lock import RunLock
@@ -40,7 +40,7 @@ from ..slurm import SlurmEnv, get_backend
 from ..states import Action, FailureClass, RunOutcome
 from . import notice as notices
 from .attempt import AttemptState
-from .context import RunContext
+from .context import EventSink, RunContext
 from .judge import AttemptFacts, AttemptVerdict, child_exit_text, failure_step, judge_attempt
 from .layout import child_plan, layout_for
 from .monitor import monitor
@@ -48,6 +48,7 @@ from .node_health import note_failure, with_ledger_exclusions
 from .seams import BackgroundSlurm, ChildHandle, ChildStarter, Clock, InboxWaker, SlurmView, SupervisorClock, Waker
 from .seams import start_process
 from .start import check_durable_history, gpu_preflight, start_state
+from .stop import CauseKind
 
 log = logging.getLogger("supervisor.run")
 
@@ -71,7 +72,8 @@ class Runner:
     def __init__(self, cfg: SupervisorConfig, argv: Sequence[str], *, environ: Mapping[str, str] | None = None,
                  cwd: Path | None = None, echo: bool = True, clock: Clock | None = None,
                  waker: Waker | None = None, start_child: ChildStarter | None = None,
-                 slurm: SlurmView | None = None, channel: Any = None, manifests: bool = True) -> None:
+                 slurm: SlurmView | None = None, channel: Any = None, manifests: bool = True,
+                 sinks: Sequence[EventSink] = ()) -> None:
         if not argv:
             raise UsageError("missing the training command after '--' (e.g. supervise run -- python train.py)")
         env = dict(os.environ if environ is None else environ)
@@ -91,7 +93,7 @@ class Runner:
                               slurm_env=slurm_env, clock=self._clock, waker=waker,
                               start_child=start_child or start_process,
                               slurm=slurm or BackgroundSlurm(slurm_env.job_id, get_backend), channel=channel,
-                              echo=echo, host=socket.gethostname(), cwd=cwd)
+                              echo=echo, host=socket.gethostname(), cwd=cwd, sinks=list(sinks))
         self.cwd = cwd
         self._child: ChildHandle | None = None
         self._loss_kinds: list[str] = []  # loss anomalies since this node's GPUs were last checked
@@ -186,6 +188,10 @@ class Runner:
         ctx.seed_save_history(previous)
         attempt_no = max((e.get("attempt") for e in previous if e.event == Ev.ATTEMPT_START.value
                           and isinstance(e.get("attempt"), int)), default=0)
+        del previous  # the ledger and the save history hold what the run needs of it
+        # What was read at start lives as long as the run: out of the collector's sight, so that a
+        # collection on the notice path does not walk a long run's history (docs/benchmarks.md).
+        gc.freeze()
         ctx.emit(Ev.RUN_START, name=ctx.layout.name, run_dir=str(self.paths.run_dir),
                  checkpoint_dir=str(ctx.layout.ckpt_dir), argv=ctx.argv, config_hash=ctx.cfg.config_hash(),
                  host=ctx.host, pid=os.getpid(), job_id=ctx.slurm_env.job_id,
@@ -196,7 +202,7 @@ class Runner:
             attempt_no += 1
             state = start_state(ctx, attempt_no)
             if state.resume_path is None:  # nothing to hand over: a start from scratch must not lose a save
-                state.elsewhere_before = newest_save(ctx.read_events())
+                state.elsewhere_before = newest_save(ctx.save_events())
             missing = check_durable_history(ctx, state)
             if missing is not None:
                 return self._end(RunOutcome.STOPPED, ExitCode.STOPPED, missing, state, stopped_by="resume_audit")
@@ -215,7 +221,7 @@ class Runner:
             child = self._launch(state)
             exit_ = monitor(ctx, child, state)
             child.finish()
-            self._loss_kinds += state.loss_anomalies
+            self._loss_kinds += state.health.loss_anomalies
             result = self._after_attempt(child, exit_, state)
             if result is not None:
                 return result
@@ -275,25 +281,23 @@ class Runner:
     def _after_attempt(self, child: ChildHandle, exit_: ChildExit, state: AttemptState) -> RunResult | None:
         ctx = self.ctx
         ended = ctx.clock.now()
-        if state.lock_lost:
-            return self._end(RunOutcome.STOPPED, ExitCode.LOCKED, f"run directory taken over: {state.lock_lost}",
+        if state.stop.is_(CauseKind.LOCK_LOST):
+            return self._end(RunOutcome.STOPPED, ExitCode.LOCKED, f"run directory taken over: {state.stop.why}",
                              state, stopped_by="lock")
         if ctx.slurm_env.job_id and (state.notice is not None or exit_.status != 0):
             info = ctx.slurm.job_info_now(self._settle_timeout(state))
             if state.notice is None and info is not None and getattr(info, "preempt_time", None):
                 # In a batch-step layout only the srun step is signalled at grace start.
                 notices.on_notice(ctx, child, state, "poll", None, ended, None)
-            state.stop_verdict = notices.read_stop_cause(ctx, state.notice, self._settle_timeout(state))
-            if state.stop_verdict is not None:
-                ctx.emit(Ev.STOP_CAUSE, attempt=state.attempt, **state.stop_verdict.to_event())
-        notice_cls, notice_reason = notices.settle_cause(state.notice, state.stop_verdict, exit_.status)
-        evidence = notices.slurm_evidence(state.notice, state.stop_verdict, notice_cls, bool(ctx.slurm_env.job_id))
+            state.slurm.verdict = notices.read_stop_cause(ctx, state.notice, self._settle_timeout(state))
+            if state.slurm.verdict is not None:
+                ctx.emit(Ev.STOP_CAUSE, attempt=state.attempt, **state.slurm.verdict.to_event())
+        notice_cls, notice_reason = notices.settle_cause(state.notice, state.slurm.verdict, exit_.status)
+        evidence = notices.slurm_evidence(state.notice, state.slurm.verdict, notice_cls, bool(ctx.slurm_env.job_id))
         failure = classify(exit_.exit_code, exit_.signal, child.tail_text(), policy=ctx.cfg.policy,
                            step_regex=ctx.cfg.step_regex, slurm=evidence)
-        facts = AttemptFacts(hang=state.hang, cancelled=state.cancelled, notice_class=notice_cls,
-                             notice_reason=notice_reason, client_done=state.client_done,
-                             stopped_reason=state.stopped_reason, stopped_by=state.stopped_by,
-                             stall_reason=state.stall_reason, requeue_reason=state.requeue_reason)
+        facts = AttemptFacts(cause=state.stop.cause, notice_class=notice_cls, notice_reason=notice_reason,
+                             client_done=state.peers.client_done)
         # attempt_end first, so the ledger the decision reads includes this attempt.
         from .judge import effective_class
 
@@ -308,7 +312,7 @@ class Runner:
         dropped, cut = child.lines_not_analysed()
         if dropped or cut:
             ctx.emit(Ev.WARNING, attempt=state.attempt, reason="output lines not analysed", dropped=dropped, cut=cut)
-        records = ledger_from_events(ctx.read_events())
+        records = ctx.ledger_now().records()  # from memory: the log is not read again
         verdict = judge_attempt(failure, facts, records[:-1], records, ctx.cfg.policy, ctx.cfg.budget,
                                 ctx.slurm_env.job_id, exit_.status)
         if not done:
@@ -374,13 +378,13 @@ class Runner:
         version = ctx.slurm.version() if job_id else None
         policy = ctx.cfg.policy_for(cls)
         exclude: tuple[str, ...] = ()
-        if state.exclude:  # the supervisor named the node (a failed GPU check, a slow node)
-            exclude = tuple(sorted(state.exclude))
+        if state.health.exclude:  # the supervisor named the node (a failed GPU check, a slow node)
+            exclude = tuple(sorted(state.health.exclude))
         elif policy.exclude_node:
-            exclude = tuple(sorted(state.nodes)) or ((ctx.slurm_env.nodename,) if ctx.slurm_env.nodename else ())
+            exclude = tuple(sorted(state.peers.nodes)) or ((ctx.slurm_env.nodename,) if ctx.slurm_env.nodename else ())
         if job_id:
             exclude = with_ledger_exclusions(ctx, state, exclude)
-        verdict = state.stop_verdict
+        verdict = state.slurm.verdict
         already = verdict is not None and verdict.cause is StopCause.REQUEUED
         decision = decide_requeue(child_outcome=cls, in_slurm=bool(job_id),
                                   job_requeueable=getattr(info, "requeue", None), slurm_version=version,

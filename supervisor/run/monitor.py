@@ -32,7 +32,7 @@ from .resumable import inside as _inside
 from .attempt import AttemptState
 from .context import RunContext
 from .saves import WATCH_INTERVAL, final_rescan, record_save, watch_saves
-from .stop import ForceKill, SaveLanded, StopAsked, StopPhase, StopReason, Tick, kill_due
+from .stop import Cause, CauseKind, ForceKill, SaveLanded, StopAsked, StopPhase, Tick, kill_due
 from .writers import WRITER, open_save
 
 log = logging.getLogger("supervisor.run")
@@ -137,7 +137,7 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
         w.next_poll = now + ctx.cfg.preemption.poll_interval
         notices.poll_for_preemption(ctx, child, state, now, w.progress.rate(now))
     if state.notice is not None and exit_ is None:
-        notices.refine_deadline(ctx, state, now)
+        notices.refine_deadline(ctx, child, state, now)
     resumable.check(ctx, state, now)
     if exit_ is not None:
         return exit_
@@ -147,7 +147,7 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
         check_lock(ctx, child, state, now)
     notices.check_block(ctx, child, state, now)
     writer_open = False
-    if kill_due(state.stop, now) and not state.clients:
+    if kill_due(state.stop, now) and not state.peers.clients:
         # The last look before an unchanged child is killed: a save it began after the notice.
         if state.in_flight is None:
             notices.note_open_save(ctx, child, state, now, "right before the kill")
@@ -274,10 +274,8 @@ def audit_resume(ctx: RunContext, child: Any, state: AttemptState, first_step: i
              resume_path=where, reason=verdict.reason, **extra)
     log.error("RESUME AUDIT FAILED: %s", verdict.reason)
     if ctx.cfg.budget.on_resume_mismatch == "stop" and confirmed:
-        state.stopped_reason = f"resume audit failed: {verdict.reason}"
-        state.stopped_by = "resume_audit"
-        notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "resume audit failed", ctx.cfg.term_timeout),
-                     ctx.clock.now())
+        cause = Cause(CauseKind.POLICY, f"resume audit failed: {verdict.reason}", by="resume_audit")
+        notices.step(ctx, child, state, StopAsked(cause, ctx.cfg.term_timeout), ctx.clock.now())
 
 
 def show_saves_to_bars(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
@@ -297,10 +295,10 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
         kind, f = str(getattr(msg.kind, "value", msg.kind)), msg.fields
         if msg.attempt is not None and msg.attempt != state.attempt:
             continue  # a straggler from an earlier attempt
-        if len(state.clients) < MAX_PEERS:
-            state.clients.add(msg.sender)
-        if msg.host and len(state.nodes) < MAX_PEERS:
-            state.nodes.add(str(msg.host))
+        if len(state.peers.clients) < MAX_PEERS:
+            state.peers.clients.add(msg.sender)
+        if msg.host and len(state.peers.nodes) < MAX_PEERS:
+            state.peers.nodes.add(str(msg.host))
         if kind == "heartbeat" and valid_step(f.get("step")):
             if w.slow_nodes is not None:
                 metrics = f.get("metrics") if isinstance(f.get("metrics"), dict) else {}
@@ -342,10 +340,10 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
                 ctx.stall.saved()
             notices.step(ctx, child, state, SaveLanded(), now)
         elif kind == "done":
-            state.client_done = True
+            state.peers.client_done = True
         elif kind == "determinism":
-            state.determinism = dict(f.get("settings") or f)
-            ctx.emit(Ev.DETERMINISM, attempt=state.attempt, settings=state.determinism)
+            state.peers.determinism = dict(f.get("settings") or f)
+            ctx.emit(Ev.DETERMINISM, attempt=state.attempt, settings=state.peers.determinism)
 
 
 def check_loss(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step: int, loss: float,
@@ -355,16 +353,14 @@ def check_loss(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step:
         return
     ctx.emit(Ev.LOSS_ANOMALY, attempt=state.attempt, step=step, loss=loss, median=verdict.median, kind=verdict.kind,
              reason=verdict.reason)
-    state.loss_anomalies.append(verdict.kind)
+    state.health.loss_anomalies.append(verdict.kind)
     ctx.note_node(record_loss_anomaly(host or ctx.slurm_env.nodename or ctx.host, verdict.kind, verdict.reason,
                                       ts=ctx.clock.now(), run_dir=str(ctx.layout.paths.run_dir),
                                       job_id=ctx.slurm_env.job_id, attempt=state.attempt))
     log.warning("loss anomaly at step %d: %s", step, verdict.reason)
-    if ctx.cfg.loss_policy == "stop" and state.stopped_reason is None:
-        state.stopped_reason = f"loss anomaly: {verdict.reason}"
-        state.stopped_by = "loss_policy"
-        notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "loss anomaly", ctx.cfg.term_timeout),
-                     ctx.clock.now())
+    if ctx.cfg.loss_policy == "stop":
+        cause = Cause(CauseKind.POLICY, f"loss anomaly: {verdict.reason}", by="loss_policy")
+        notices.step(ctx, child, state, StopAsked(cause, ctx.cfg.term_timeout), ctx.clock.now())
 
 
 def check_lock(ctx: RunContext, child: Any, state: AttemptState, now: float) -> None:
@@ -381,9 +377,8 @@ def check_lock(ctx: RunContext, child: Any, state: AttemptState, now: float) -> 
     try:
         lock.reacquire(ctx.environ)
     except RunLockedError as exc:
-        state.lock_lost = str(exc)
         log.error("another supervisor holds this run directory now: %s", exc)
-        notices.step(ctx, child, state, ForceKill("another supervisor holds the run directory"), now)
+        notices.step(ctx, child, state, ForceKill(Cause(CauseKind.LOCK_LOST, str(exc))), now)
 
 
 def _flooded(ctx: RunContext, now: float, window: float) -> bool:
@@ -395,7 +390,7 @@ def _flooded(ctx: RunContext, now: float, window: float) -> bool:
 
 
 def check_health(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
-    if state.stop.phase is not StopPhase.RUNNING or state.hang:
+    if state.stop.phase is not StopPhase.RUNNING:
         return
     if state.in_flight is not None:  # a long save is not a stall
         w.progress.touch(now)
@@ -410,24 +405,23 @@ def check_health(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now
             log.warning("control channel flooded: not judging a stall now")
         return
     if stall is not None:
-        state.hang = True
-        state.stall_reason = f"{stall.reason}; {limit.reason}"
+        why = f"{stall.reason}; {limit.reason}"
         dump = child.dump_stacks(ctx.layout.paths.stack_dump(state.attempt), STACK_DUMP_SIGNAL)
         ctx.emit(Ev.STALL, attempt=state.attempt, last_step=state.last_step, idle_s=stall.idle_s,
-                 reason=state.stall_reason, dump=dump, limit=limit.seconds, limit_phase=limit.phase)
+                 reason=why, dump=dump, limit=limit.seconds, limit_phase=limit.phase)
         log.error("stall: %s; %s", stall.reason, dump)
-        notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "stalled", min(ctx.cfg.term_timeout, 10.0)),
+        notices.step(ctx, child, state, StopAsked(Cause(CauseKind.HANG, why), min(ctx.cfg.term_timeout, 10.0)),
                      ctx.clock.now())
         return
     slow = w.progress.slowdown(now, ctx.cfg.slowdown_fraction, ctx.cfg.slowdown_window)
-    if slow is not None and not state.slowdown_active:
-        state.slowdown_active = True
+    if slow is not None and not state.health.slowdown_active:
+        state.health.slowdown_active = True
         ctx.emit(Ev.SLOWDOWN, attempt=state.attempt, rate=slow.rate, median_rate=slow.median_rate,
-                 fraction=ctx.cfg.slowdown_fraction, nodes=sorted(state.nodes) or ctx.slurm_env.nodelist,
+                 fraction=ctx.cfg.slowdown_fraction, nodes=sorted(state.peers.nodes) or ctx.slurm_env.nodelist,
                  reason=slow.reason)
         log.warning("slowdown: %s", slow.reason)
-    elif slow is None and state.slowdown_active:
-        state.slowdown_active = False
+    elif slow is None and state.health.slowdown_active:
+        state.health.slowdown_active = False
     check_slow_node(ctx, child, state, w, now)
 
 
@@ -442,11 +436,10 @@ def check_slow_node(ctx: RunContext, child: Any, state: AttemptState, w: Watch, 
     log.warning("slow node: %s", found.reason)
     ctx.note_node(record_slow_node(found.node, found.reason, ts=ctx.clock.now(), run_dir=str(ctx.layout.paths.run_dir),
                                    job_id=ctx.slurm_env.job_id, attempt=state.attempt))
-    if action == "requeue" and state.stopped_reason is None:
-        state.exclude.add(found.node)
-        state.requeue_reason = f"slow node: {found.reason}"
-        notices.step(ctx, child, state, StopAsked(StopReason.POLICY, "slow node", ctx.cfg.term_timeout),
-                     ctx.clock.now())
+    if action == "requeue" and not state.stop.is_(CauseKind.POLICY):
+        state.health.exclude.add(found.node)
+        notices.step(ctx, child, state, StopAsked(Cause(CauseKind.REQUEUE, f"slow node: {found.reason}"),
+                                                  ctx.cfg.term_timeout), ctx.clock.now())
 
 
 __all__ = ["ForceKill", "TICK", "monitor", "tick"]

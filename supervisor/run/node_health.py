@@ -12,6 +12,7 @@ from ..nodes import NodeLedger, current_exclusions, ledger_path, record_failure
 from ..states import FailureClass
 from .attempt import AttemptState
 from .context import RunContext
+from .stop import CauseKind
 
 log = logging.getLogger("supervisor.run")
 
@@ -21,9 +22,9 @@ def note_failure(ctx: RunContext, state: AttemptState, failure: Any, cls: Failur
     the output named when it is one of this job's nodes, else this node; a name from outside the
     allocation is ignored, and said so (supervisor/failures/evidence.py)."""
     nodes = ctx.cfg.nodes
-    if state.requeue_reason is not None or (cls.value not in nodes.hardware and cls.value not in nodes.suspect):
+    if state.stop.is_(CauseKind.REQUEUE) or (cls.value not in nodes.hardware and cls.value not in nodes.suspect):
         return
-    allocation = (*ctx.slurm_env.node_names, *state.nodes)
+    allocation = (*ctx.slurm_env.node_names, *state.peers.nodes)
     if ctx.slurm_env.nodename is None:  # a local run: this host is the allocation
         allocation = (*allocation, ctx.host)
     target = evidence_node(failure.node, ctx.slurm_env.nodename or ctx.host, allocation)

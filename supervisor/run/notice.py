@@ -27,8 +27,8 @@ from .context import RunContext
 from .saves import remove_our_temp_files
 from .writers import open_save, save_of
 from .stop import (
-    AbortDue, AbortSave, Broadcast, DeadlineMoved, Effect, ForceKill, NoticeArrived, SignalGroup, StopAsked,
-    StopEvent, StopPhase, StopReason, WriteStopFile, advance,
+    AbortDue, AbortSave, Broadcast, Cause, CauseKind, DeadlineMoved, Effect, ForceKill, NoticeArrived, SignalGroup,
+    StopAsked, StopEvent, StopPhase, WriteStopFile, advance,
 )
 
 log = logging.getLogger("supervisor.run")
@@ -77,13 +77,12 @@ def on_signal(ctx: RunContext, child: Any, state: AttemptState, signum: int, rec
     now = ctx.clock.now()
     if signum == signal.SIGINT:
         ctx.interrupts += 1
-        state.cancelled = True
         if ctx.interrupts == 1:
             log.warning("interrupted: stopping the child (Ctrl-C again to kill it)")
-            step(ctx, child, state, StopAsked(StopReason.INTERRUPT, "interrupted by a person", ctx.cfg.term_timeout,
-                                              signal.SIGINT), now)
+            step(ctx, child, state, StopAsked(Cause(CauseKind.INTERRUPT, "interrupted by a person"),
+                                              ctx.cfg.term_timeout, signal.SIGINT), now)
         else:
-            step(ctx, child, state, ForceKill("interrupted twice"), now)
+            step(ctx, child, state, ForceKill(Cause(CauseKind.INTERRUPT, "interrupted twice")), now)
         return
     if signum in ctx.notice_signals:
         on_notice(ctx, child, state, "signal", signal.Signals(signum).name, received_at, rate)
@@ -102,9 +101,9 @@ def on_notice(ctx: RunContext, child: Any, state: AttemptState, source: str, sig
     notice, deadline = notice_for(source, received_at, info, pcfg.default_grace, signal_name=signal_name,  # type: ignore[arg-type]
                                   time_limit_signal=pcfg.time_limit_signal, time_limit_warning=pcfg.time_limit_warning,
                                   cluster_grace=ctx.slurm.grace())
-    state.notice = notice
-    state.deadline_source = deadline.source
-    state.refine_until = now + REFINE_WINDOW
+    state.slurm.notice = notice
+    state.slurm.deadline_source = deadline.source
+    state.slurm.refine_until = now + REFINE_WINDOW
     ctx.noticed = True
     ctx.slurm.request_job_info()
     grace = ctx.slurm.grace()
@@ -113,18 +112,18 @@ def on_notice(ctx: RunContext, child: Any, state: AttemptState, source: str, sig
              reason=deadline.reason, **known, **notice.to_event())
     history = ctx.current_save_history()  # from memory: the notice path reads no file
     state.save_history = history
-    if state.in_flight is None and not state.clients:
+    if state.in_flight is None and not state.peers.clients:
         note_open_save(ctx, child, state, now, "at the notice")
     durable = state.last_durable_step
     decision = arbitrate(now, deadline.at, pcfg.margin, state.in_flight, history,
-                         emergency_save_allowed=pcfg.emergency_save, client_connected=bool(state.clients),
-                         zero_code=not state.clients, step_time_s=(1.0 / rate) if rate else None,
+                         emergency_save_allowed=pcfg.emergency_save, client_connected=bool(state.peers.clients),
+                         zero_code=not state.peers.clients, step_time_s=(1.0 / rate) if rate else None,
                          steps_since_save=(state.last_step - durable)
                          if state.last_step is not None and durable is not None else None)
     ctx.emit(Ev.ARBITRATION, attempt=state.attempt, **decision.to_event())
     log.warning("stop notice (%s): %s", notice.signal or notice.source, decision.reason)
     step(ctx, child, state, NoticeArrived(decision.decision, deadline.at, pcfg.margin, decision.reason,
-                                          cooperative=bool(state.clients) or handles_term(child)), now)
+                                          cooperative=bool(state.peers.clients) or handles_term(child)), now)
 
 
 def note_open_save(ctx: RunContext, child: Any, state: AttemptState, now: float, when: str) -> bool:
@@ -149,10 +148,10 @@ def handles_term(child: Any) -> bool:
         return False
 
 
-def refine_deadline(ctx: RunContext, state: AttemptState, now: float) -> None:
+def refine_deadline(ctx: RunContext, child: Any, state: AttemptState, now: float) -> None:
     """Slurm may signal a step a moment before its job record shows PreemptTime/EndTime: a notice
     planned with the default grace is re-planned once the real deadline is readable. Only earlier."""
-    if state.notice is None or state.deadline_source not in GUESSED_DEADLINES or now >= state.refine_until:
+    if state.notice is None or state.slurm.deadline_source not in GUESSED_DEADLINES or now >= state.slurm.refine_until:
         return
     info = ctx.slurm.job_info()
     if info is None or not getattr(info, "preempt_time", None):
@@ -162,11 +161,11 @@ def refine_deadline(ctx: RunContext, state: AttemptState, now: float) -> None:
     notice, deadline = notice_for(state.notice.source, state.notice.received_at, info, pcfg.default_grace,  # type: ignore[arg-type]
                                   signal_name=state.notice.signal, time_limit_signal=pcfg.time_limit_signal,
                                   time_limit_warning=pcfg.time_limit_warning, cluster_grace=ctx.slurm.grace())
-    state.deadline_source = deadline.source
+    state.slurm.deadline_source = deadline.source
     if state.notice.deadline is not None and deadline.at >= state.notice.deadline:
         return
-    state.notice = notice
-    state.stop, _ = advance(state.stop, DeadlineMoved(deadline.at, pcfg.margin), now)
+    state.slurm.notice = notice
+    step(ctx, child, state, DeadlineMoved(deadline.at, pcfg.margin), now)
     ctx.emit(Ev.NOTICE, attempt=state.attempt, refined=True, deadline_source=deadline.source, reason=deadline.reason,
              **notice.to_event())
     log.warning("deadline refined from Slurm: %s", deadline.reason)
@@ -174,11 +173,11 @@ def refine_deadline(ctx: RunContext, state: AttemptState, now: float) -> None:
 
 def check_block(ctx: RunContext, child: Any, state: AttemptState, now: float) -> None:
     """While blocking on a save: abort as soon as it is projected to overrun deadline - margin."""
-    if state.stop.phase is not StopPhase.BLOCKING or state.in_flight is None or state.stop.deadline is None:
+    if state.stop.phase is not StopPhase.BLOCKING or state.in_flight is None or state.deadline is None:
         return
     history = state.save_history
     expected = history.expected_remaining(state.in_flight, now) if history else None
-    check = after_block(now, state.stop.deadline, ctx.cfg.preemption.margin, state.in_flight.started_at, expected,
+    check = after_block(now, state.deadline, ctx.cfg.preemption.margin, state.in_flight.started_at, expected,
                         in_flight=state.in_flight)
     if not check.keep_blocking:
         ctx.emit(Ev.ARBITRATION, attempt=state.attempt, **check.to_event())

@@ -36,7 +36,7 @@ def start_state(ctx: RunContext, attempt_no: int) -> AttemptState:
                      staging=[d.to_event() for d in settled])
     kwargs: dict[str, Any] = dict(quarantine=ctx.cfg.quarantine, quarantine_tag=quarantine_tag(ctx.environ),
                                   deep_confirm=ctx.cfg.verify_resume_deep)
-    events = ctx.read_events()
+    events = ctx.save_events()
     result = find_resume_point(ctx.layout.ckpt_dir, writers_alive=False,
                                extra_safe_globals=ctx.cfg.checkpoint.safe_globals,
                                require_trusted=ctx.cfg.checkpoint.require_trusted,
@@ -77,7 +77,7 @@ def single_copy_hazard(saved_paths: list[str], present: list[str]) -> str | None
 
 
 def warn_single_copy(ctx: RunContext, attempt_no: int, result: Any) -> None:
-    events = ctx.read_events()
+    events = ctx.save_events()
     try:
         present = [e.path for e in os.scandir(ctx.layout.ckpt_dir)]
     except OSError:
@@ -99,7 +99,7 @@ def check_durable_history(ctx: RunContext, state: AttemptState) -> str | None:
                   "not starting from scratch")
         log.error("%s", reason)
         return f"resume audit failed: {reason}"
-    events = ctx.read_events()
+    events = ctx.save_events()
     ckpt = ctx.layout.ckpt_dir.resolve()
     inside = []
     for e in events:
@@ -144,6 +144,6 @@ def gpu_preflight(ctx: RunContext, state: AttemptState) -> str | None:
             log.warning("GPU preflight could not judge this node: %s", verdict.reason)
         return None
     log.error("GPU preflight failed on %s: %s", node, verdict.reason)
-    state.nodes.add(node)
-    state.exclude.add(node)
+    state.peers.nodes.add(node)
+    state.health.exclude.add(node)
     return f"GPU preflight failed: {verdict.reason}"

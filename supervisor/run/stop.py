@@ -48,17 +48,54 @@ class StopPhase(str, Enum):
     KILLING = "killing"  # SIGKILL sent; repeated until the child is gone
 
 
-class StopReason(str, Enum):
-    PREEMPTION = "preemption"  # a notice: preemption, time limit or cancel (the loop tells which later)
-    POLICY = "policy"  # the supervisor's own decision: resume audit, loss anomaly, stall
+class CauseKind(str, Enum):
+    """Why the attempt is being stopped. The value is what ``judge_attempt`` reads; ``wire`` is the
+    ``reason`` clients see in the ``stop`` broadcast (preemption, policy, interrupt)."""
+
+    NOTICE = "notice"  # Slurm's notice: preemption, time limit or cancel (settled from Slurm after the exit)
+    REQUEUE = "requeue"  # the supervisor stops to come back elsewhere (a slow node)
+    POLICY = "policy"  # a policy of the supervisor: resume audit, loss anomaly (``Cause.by`` names it)
     INTERRUPT = "interrupt"  # a person's Ctrl-C
+    HANG = "hang"  # the supervisor found the child stalled
+    LOCK_LOST = "lock_lost"  # another supervisor took the run directory
+
+    @property
+    def wire(self) -> str:
+        return {CauseKind.NOTICE: "preemption", CauseKind.INTERRUPT: "interrupt"}.get(self, "policy")
+
+
+# When a second cause meets a stop already under way, the higher rank is kept (the phase is not
+# changed by it); at equal rank the first stays. The order is the one the verdict needs: a stall
+# or a person's Ctrl-C says more about the attempt than a policy stop, a policy stop more than a
+# requeue, and a notice least of all (what Slurm did is read again from the job record after the
+# exit, whatever stopped the child).
+CAUSE_RANK: dict[CauseKind, int] = {
+    CauseKind.NOTICE: 0, CauseKind.REQUEUE: 1, CauseKind.POLICY: 2, CauseKind.INTERRUPT: 3, CauseKind.HANG: 4,
+    CauseKind.LOCK_LOST: 5,
+}
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One tagged reason for the stop: the kind, words for a person, and for a policy stop the
+    policy key (``resume_audit``, ``loss_policy``) that ``run_end.stopped_by`` names."""
+
+    kind: CauseKind
+    why: str
+    by: str | None = None
+
+
+def stronger(current: Cause | None, new: Cause) -> Cause:
+    """The cause kept when ``new`` meets ``current`` (see :data:`CAUSE_RANK`)."""
+    if current is None or CAUSE_RANK[new.kind] > CAUSE_RANK[current.kind]:
+        return new
+    return current
 
 
 @dataclass(frozen=True)
 class StopState:
     phase: StopPhase = StopPhase.RUNNING
-    reason: StopReason | None = None
-    why: str = ""  # a person-readable reason, carried into broadcasts
+    cause: Cause | None = None  # set only by advance(): why the attempt is being stopped
     deadline: float | None = None  # the hard deadline (Slurm's, or a policy's)
     usable: float | None = None  # deadline - margin: saves must be done by then
     kill_at: float | None = None  # TERMINATING: when SIGKILL follows
@@ -69,6 +106,14 @@ class StopState:
     @property
     def stopping(self) -> bool:
         return self.phase is not StopPhase.RUNNING
+
+    @property
+    def why(self) -> str:
+        return self.cause.why if self.cause is not None else ""
+
+    def is_(self, kind: CauseKind) -> bool:
+        """Whether the attempt is being stopped for ``kind``."""
+        return self.cause is not None and self.cause.kind is kind
 
 
 # ------------------------------------------------------------------------------------------ events
@@ -87,19 +132,19 @@ class NoticeArrived:
 
 @dataclass(frozen=True)
 class StopAsked:
-    """The supervisor (a policy) or a person asks the child to stop within ``grace`` seconds."""
+    """The supervisor (a policy, a stall, a slow node) or a person asks the child to stop within
+    ``grace`` seconds. While a stop is under way it only records a stronger cause."""
 
-    reason: StopReason
-    why: str
+    cause: Cause
     grace: float
     graceful_signal: int = signal.SIGTERM
 
 
 @dataclass(frozen=True)
 class ForceKill:
-    """Kill now: a second Ctrl-C, a hung child after its stacks were dumped."""
+    """Kill now: a second Ctrl-C, the run directory taken by another supervisor."""
 
-    why: str
+    cause: Cause
 
 
 @dataclass(frozen=True)
@@ -169,7 +214,7 @@ Effect = Union[Broadcast, SignalGroup, AbortSave, WriteStopFile]
 
 
 def _stop_broadcast(state: StopState, **extra: Any) -> Broadcast:
-    fields = {"reason": state.reason.value if state.reason else "stop", "deadline": state.deadline, **extra}
+    fields = {"reason": state.cause.kind.wire if state.cause else "stop", "deadline": state.deadline, **extra}
     return Broadcast("stop", tuple(fields.items()))
 
 
@@ -197,9 +242,10 @@ def advance(state: StopState, event: StopEvent, now: float) -> tuple[StopState, 
     if isinstance(event, StopAsked):
         return _on_stop_asked(state, event, now)
     if isinstance(event, ForceKill):
+        cause = stronger(state.cause, event.cause)
         if state.phase is StopPhase.KILLING:
-            return state, ()
-        return _kill(replace(state, why=state.why or event.why), now)
+            return replace(state, cause=cause), ()
+        return _kill(replace(state, cause=cause), now)
     if isinstance(event, SaveLanded):
         if state.phase in (StopPhase.BLOCKING, StopPhase.SAVING):
             wait = None
@@ -223,7 +269,7 @@ def _on_notice(state: StopState, event: NoticeArrived, now: float) -> tuple[Stop
         deadline = event.deadline if state.deadline is None else min(state.deadline, event.deadline)
         kill_at = state.kill_at if state.kill_at is None else min(state.kill_at, deadline)
         return replace(state, deadline=deadline, kill_at=kill_at), ()
-    base = replace(state, reason=StopReason.PREEMPTION, why=event.why, deadline=event.deadline, usable=usable,
+    base = replace(state, cause=Cause(CauseKind.NOTICE, event.why), deadline=event.deadline, usable=usable,
                    cooperative=event.cooperative)
     stop_file = WriteStopFile("preemption", event.deadline)
     if event.decision is SaveDecision.BLOCK:
@@ -241,10 +287,9 @@ def _on_notice(state: StopState, event: NoticeArrived, now: float) -> tuple[Stop
 
 def _on_stop_asked(state: StopState, event: StopAsked, now: float) -> tuple[StopState, tuple[Effect, ...]]:
     if state.stopping:
-        return state, ()
+        return replace(state, cause=stronger(state.cause, event.cause)), ()
     deadline = now + event.grace
-    base = replace(state, reason=event.reason, why=event.why, deadline=deadline, usable=deadline,
-                   cooperative=True)
+    base = replace(state, cause=event.cause, deadline=deadline, usable=deadline, cooperative=True)
     return _terminate(base, now, event.graceful_signal, wait=event.grace)
 
 
@@ -265,7 +310,7 @@ def kill_due(state: StopState, now: float) -> bool:
 
 
 def _may_block_on_writer(state: StopState, now: float) -> bool:
-    return (state.reason is StopReason.PREEMPTION and not state.cooperative and state.usable is not None
+    return (state.is_(CauseKind.NOTICE) and not state.cooperative and state.usable is not None
             and now < state.usable)
 
 
