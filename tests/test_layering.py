@@ -180,7 +180,8 @@ def test_no_import_cycles_at_import_time() -> None:
 # the manifest and the training-side integrations. The CLI and the training side are neither.
 ADD_ONS = ("supervisor.report", "supervisor.diagnose", "supervisor.health", "supervisor.nodes",
            "supervisor.slownode", "supervisor.resubmit", "supervisor.templates", "supervisor.notify",
-           "supervisor.manifest", "supervisor.integrations", "supervisor.run.node_health")
+           "supervisor.manifest", "supervisor.integrations", "supervisor.run.node_health",
+           "supervisor.sbatch_init", "supervisor.metrics", "supervisor.slurm.accounting")
 
 # Where the core still reaches an add-on today, each to be inverted with a hook or a sink (the
 # add-on registers itself; the core calls what was registered). The list may only shrink: a new
