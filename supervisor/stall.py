@@ -18,7 +18,8 @@ Before the warm-up ends there is no learned timeout yet, but a child that never 
 deadlocked start, a stuck rendezvous) must still be caught: ``stall.startup_limit`` seconds without
 progress, counted from the attempt start or the last report.
 
-``stall_timeout`` > 0 in the config wins over all of this; ``stall.enabled: false`` turns stall
+``stall_timeout`` > 0 in the config wins over all of this once the attempt has reported a step
+(before that, the startup limit, when it is the longer); ``stall.enabled: false`` turns stall
 detection off unless ``stall_timeout`` is set.
 
 The loop's :class:`~supervisor.progress.ProgressTracker` gives the verdict;
@@ -128,6 +129,14 @@ class StallTimeout:
         """What a stall is right now, and what to pass to ``ProgressTracker.is_stalled``
         (``never_progressed``: the tracker has seen no progress in this attempt yet)."""
         if self.fixed > 0:
+            startup = self.cfg.startup_limit
+            if never_progressed and startup > self.fixed:
+                # A fixed timeout is a gap between steps; start-up (imports, data, compile, rendezvous)
+                # is not one, in any attempt: it gets the startup limit, as a heartbeat timeout gets a
+                # separate initial one in other supervisors.
+                return StallLimit(startup, startup / 2, "startup",
+                                  f"no step reported yet: startup limit {startup:g} s (stall.startup_limit); "
+                                  f"stall_timeout {self.fixed:g} s applies from the first step")
             return StallLimit(self.fixed, self.fixed, "fixed", f"stall_timeout {self.fixed:g} s (fixed in the config)")
         if not self.cfg.enabled:
             return StallLimit(0.0, 0.0, "off", "stall detection off (stall.enabled: false)")

@@ -36,6 +36,10 @@ os.environ.setdefault("SUPERVISE_NODES__LEDGER", str(_LEDGER_DIR / "nodes.jsonl"
 # (1-5 s of CPU, and a short run waits for it before exiting): hundreds of test runs would pay it
 # for nothing. The tests of the probe itself turn it back on (SUPERVISE_PROBE_SOFTWARE=true).
 os.environ.setdefault("SUPERVISE_PROBE_SOFTWARE", "false")
+# pytest-xdist sets COLUMNS=80 in its workers (for its own output); the text the tests read must be
+# laid out as in a plain run (no COLUMNS: 100 columns into a pipe), whichever way pytest was started.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
 
 SLURM_FIXTURES = frozenset({"slurm_cluster", "slurm_job_dir", "slurm_version"})
 # Not SUPERVISE_*: the supervisor reads every SUPERVISE_* variable as a config key (and refuses

@@ -120,6 +120,19 @@ def test_an_explicit_stall_timeout_wins() -> None:
     assert stalled(stall, tracker, last + 121)
 
 
+def test_an_explicit_stall_timeout_starts_at_the_first_step_of_each_attempt() -> None:
+    """A 4 s stall_timeout is a gap between steps: an attempt whose start-up (imports, the resume
+    checkpoint, a compile) takes longer is not a hang; one that never reports a step still is, at
+    the startup limit."""
+    stall, tracker = StallTimeout(CFG, fixed=4.0), ProgressTracker(started_at=0.0)
+    assert stall.limit(never_progressed=True).phase == "startup"
+    assert "stall_timeout 4 s applies from the first step" in stall.limit(never_progressed=True).reason
+    assert not stalled(stall, tracker, 30.0)
+    assert stalled(stall, tracker, CFG.startup_limit + 1)
+    short = StallTimeout(StallConfig(startup_limit=2.0), fixed=4.0)  # the longer of the two applies
+    assert short.limit(never_progressed=True).phase == "fixed"
+
+
 def test_stall_detection_can_be_turned_off() -> None:
     stall, tracker = StallTimeout(StallConfig(enabled=False)), ProgressTracker(started_at=0.0)
     assert stall.limit(True).phase == "off"
