@@ -33,6 +33,7 @@ import pytest
 
 import slurm_accounting as acct_lib
 import slurm_cluster as cluster_lib
+from accounting_check import check_accounting_history
 from helpers import REPO, events_named
 
 pytest.importorskip("torch")
@@ -219,6 +220,7 @@ def test_requeue_qos_preempted_job_saves_within_the_qos_grace_and_resumes_at_the
     assert events_named(run_dir, "attempt_end")[0]["steps_lost"] == 0
     assert resumed_step_from_child(run_dir, 2) == emergency[0]["step"]  # the saved step, none lost
     assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
+    assert_report_shows_slurms_history(qos_cluster, run_dir, [str(job)])
 
 
 def test_cancel_qos_preempted_job_is_resubmitted_by_supervise_submit_and_resumes_at_the_saved_step(
@@ -247,6 +249,26 @@ def test_cancel_qos_preempted_job_is_resubmitted_by_supervise_submit_and_resumes
     second = next(e for e in events_named(run_dir, "attempt_start") if e.get("job_id") == str(jobs[1]))
     assert second["resume_step"] == saved  # the last save of the preempted job
     assert events_named(run_dir, "run_end")[-1]["outcome"] == "complete"
+    assert_report_shows_slurms_history(qos_cluster, run_dir, [str(j) for j in jobs])
+
+
+def assert_report_shows_slurms_history(cluster: cluster_lib.Cluster, run_dir: Path, jobs: list[str]) -> None:
+    """`supervise report` (text and HTML) shows Slurm's own record of every job of the run, beside
+    the attempts, and finds no disagreement with the supervisor's (tests/accounting_check.py)."""
+    check_accounting_history(run_dir, cluster.env, final_state="COMPLETED")
+    env = {k: v for k, v in cluster.env.items() if not k.startswith(("SUPERVISE_", "SUPERVISOR_"))}
+    env.update(PYTHONPATH=str(REPO), COLUMNS="100")
+    html = run_dir / "report.html"
+    base = [PY, "-m", "supervisor", "report", str(run_dir), "--no-checkpoints"]
+    shown = subprocess.run(base, capture_output=True, text=True, env=env, timeout=120)
+    paged = subprocess.run([*base, "--html", str(html)], capture_output=True, text=True, env=env, timeout=120)
+    assert shown.returncode == 0 and paged.returncode == 0, shown.stderr[-2000:] + paged.stderr[-2000:]
+    section = shown.stdout[shown.stdout.index("Slurm's history (sacct)"):]
+    assert "not available" not in section.splitlines()[0], section[:2000]
+    assert all(job in section for job in jobs), (jobs, section[:2000])
+    assert "COMPLETED" in section and "Slurm and the supervisor agree" in section, section[:2000]
+    page = html.read_text()
+    assert "history (sacct)" in page and all(job in page for job in jobs)  # the apostrophe is escaped there
 
 
 # ---------------------------------------------------------------------------------------------
