@@ -273,5 +273,7 @@ def test_preempted_on_the_cluster_between_saves_every_stack_resumes_from_its_new
     output = "".join(p.read_text(errors="replace") for p in slurm_job_dir.glob("victim-*.out"))
     for stack, _, run_dir in placed:
         report = check_outcome(stack, run_dir, 0 if f"SUPERVISE EXIT {stack.key} 0" in output else 1, output)
-        assert [e["cause"] for e in events(run_dir, "stop_cause")][:1] == ["preempted"], (stack.key,
-                                                                                          report["attempts"][0])
+        # Ended by the preemption: its supervisor judged it "preempted" (PreemptTime set) or, when it looked
+        # after Slurm had already requeued the job, "requeued"; either way the job ran again.
+        assert report["attempts"][0]["class"] == "preempted", (stack.key, report["attempts"][0])
+        assert [e["cause"] for e in events(run_dir, "stop_cause")][:1] in (["preempted"], ["requeued"]), stack.key
