@@ -329,6 +329,10 @@ class BarEvidence:
 
     MAX_BARS = 16
     MAX_WINDOW = 512  # readings of one line remembered while a save is in flight
+    # A save is first seen up to a poll of the checkpoint directory after it began (run/saves.py polls
+    # every 0.25 s), and a fast save may be whole by then: the readings of this many seconds before it
+    # was seen count as read while it was in flight.
+    SEEN_LATE_S = 0.5
 
     def __init__(self, resume_step: int | None) -> None:
         self.resume_step = resume_step
@@ -336,10 +340,12 @@ class BarEvidence:
         self._global: set[str] = set()
         # Each line's readings from the moment a save began until it landed (None: no save in flight)
         self._window: dict[str, list[int]] | None = None
+        self._recent: dict[str, deque[tuple[float, int]]] = {}  # (when read, reading), newest last
+        self._at_sight: dict[str, int] = {}  # each line's reading when the save in flight was first seen
         self._refuted: set[str] = set()  # proven once, then went back: never again this attempt
 
-    def counts(self, shape: str, value: int) -> bool:
-        """Whether this reading is a global step."""
+    def counts(self, shape: str, value: int, now: float = 0.0) -> bool:
+        """Whether this reading (read at ``now``) is a global step."""
         first = shape not in self._last
         if first and len(self._last) >= self.MAX_BARS:
             return False
@@ -347,6 +353,7 @@ class BarEvidence:
         self._last[shape] = value
         if self._window is not None and len(seen := self._window.setdefault(shape, [])) < self.MAX_WINDOW:
             seen.append(value)
+        self._recent.setdefault(shape, deque(maxlen=64)).append((now, value))
         if shape in self._global:
             if previous is not None and value < previous:
                 self._global.discard(shape)
@@ -361,26 +368,33 @@ class BarEvidence:
             return True
         return False
 
-    def save_began(self) -> None:
-        """A save began: from now until it lands, remember what each line reads."""
-        self._window = {shape: [value] for shape, value in self._last.items()}
+    def save_began(self, now: float = 0.0) -> None:
+        """A save was first seen at ``now``: what each line read shortly before, and reads from now
+        until the save lands, is what it read while the save was in flight."""
+        self._window = {shape: [v for at, v in recent if at >= now - self.SEEN_LATE_S] or [self._last[shape]]
+                        for shape, recent in self._recent.items()}
+        self._at_sight = dict(self._last)
 
     def saved(self, step: int) -> tuple[int, ...]:
         """A save of ``step`` landed: a line that read it (one off allowed) while it was in flight
-        counts global steps from now. The output reaches the supervisor a little after it is written,
-        so the reading at the save's own moment may be drained just before or after the watch sees
-        the save begin: every reading from the begin until now is looked at, provided they never go
-        back (a new epoch of a per-epoch counter). Returns the readings to take as steps, in order:
-        the one that agreed, then the current one."""
+        counts global steps from now. A fast save may be whole before the watch first sees it, and
+        the output reaches the supervisor a little after it is written: every reading from
+        SEEN_LATE_S before the save was seen until now is looked at, provided they never go back (a
+        new epoch of a per-epoch counter) and the line had not gone far past the save's step when it
+        was seen (more than half of it: a bar counting batches under gradient accumulation reads
+        twice the step). Returns the readings to take as steps, in order: the one that agreed, then
+        the current one."""
         window, self._window = self._window or {}, None
         taken: list[int] = []
         for shape, value in self._last.items():
             if shape in self._global or shape in self._refuted:
                 continue
             readings = [*window.get(shape, []), value]
-            agreed = next((r for r in readings if abs(r - step) <= 1), None)
+            agreed = step if step in readings else next((r for r in readings if abs(r - step) <= 1), None)
             if agreed is None or any(b < a for a, b in zip(readings, readings[1:])):
                 continue
+            if self._at_sight.get(shape, value) > step + max(1, step // 2):
+                continue  # far past the save when it was seen: counts batches (gradient accumulation reads 2x)
             taken.extend([agreed, value] if agreed != value else [value])
             self._global.add(shape)
         return tuple(taken)

@@ -76,8 +76,29 @@ def test_output_drained_late_the_bar_still_proves_itself_by_what_it_read_while_t
     assert not any(feed(bars, hf(n)) for n in range(1, 19))
     bars.save_began()
     assert not any(feed(bars, hf(n)) for n in range(19, 24))
-    assert bars.saved(20) == (19, 23)  # the first reading that agreed (one off), then the one now
+    assert bars.saved(20) == (20, 23)  # the reading that agreed, then the one now
     assert feed(bars, hf(24))
+
+
+def test_a_fast_save_already_whole_when_first_seen_is_matched_with_the_readings_just_before() -> None:
+    """Lightning's tiny checkpoint is written in milliseconds: the watch first sees it when the bar
+    already reads 22 (about 140 steps a second); the bar read 20 a moment before."""
+    bars = BarEvidence(resume_step=None)
+    for n in range(1, 23):
+        bars.counts("bar", n, now=n / 140)
+    bars.save_began(now=22 / 140 + 0.01)
+    bars.counts("bar", 23, now=0.4)
+    assert bars.saved(20) == (20, 23)
+
+
+def test_a_reading_of_the_step_long_before_the_save_was_seen_proves_nothing() -> None:
+    """A slow training (one batch a second) whose bar read 20 five seconds before a save of step 20
+    was seen: the bar was elsewhere while the save was in flight."""
+    bars = BarEvidence(resume_step=None)
+    for n in range(1, 26):
+        bars.counts("bar", n, now=float(n))
+    bars.save_began(now=25.1)
+    assert bars.saved(20) == ()
 
 
 def test_a_counter_that_went_back_while_a_save_was_in_flight_proves_nothing() -> None:
