@@ -380,9 +380,9 @@ class BarEvidence:
         counts global steps from now. A fast save may be whole before the watch first sees it, and
         the output reaches the supervisor a little after it is written: every reading from
         SEEN_LATE_S before the save was seen until now is looked at, provided they never go back (a
-        new epoch of a per-epoch counter) and the line had not gone far past the save's step when it
-        was seen (more than half of it: a bar counting batches under gradient accumulation reads
-        twice the step). Returns the readings to take as steps, in order: the one that agreed, then
+        new epoch of a per-epoch counter) and the line did not read about twice the save's step when
+        it was seen (a bar counting batches under gradient accumulation reads at least twice the
+        step). Returns the readings to take as steps, in order: the one that agreed, then
         the current one."""
         window, self._window = self._window or {}, None
         taken: list[int] = []
@@ -393,8 +393,8 @@ class BarEvidence:
             agreed = step if step in readings else next((r for r in readings if abs(r - step) <= 1), None)
             if agreed is None or any(b < a for a, b in zip(readings, readings[1:])):
                 continue
-            if self._at_sight.get(shape, value) > step + max(1, step // 2):
-                continue  # far past the save when it was seen: counts batches (gradient accumulation reads 2x)
+            if self._at_sight.get(shape, value) >= max(2 * step - 1, step + 2):
+                continue  # twice the save's step when it was seen: counts batches (gradient accumulation)
             taken.extend([agreed, value] if agreed != value else [value])
             self._global.add(shape)
         return tuple(taken)
