@@ -80,7 +80,7 @@ class Freezer:
     decision is made on the stopped process, so how fast the steps run does not matter."""
 
     SUPERVISOR_SEES_A_SAVE_S = 30.0
-    COPY_OUT_S = 0.5  # the supervisor copies the child's last lines into attempt-1.log
+    COPY_OUT_S = 0.5  # attempt-1.log unchanged this long: the supervisor has copied out all the stopped child wrote
 
     def __init__(self, stack: Stack, run_dir: Path) -> None:
         self.stack, self.run_dir = stack, run_dir
@@ -88,6 +88,7 @@ class Freezer:
         self.step: int | None = None  # set once frozen between saves
         self._stopped_at = 0.0
         self._saw_at: float | None = None
+        self._log_size = -1  # of attempt-1.log at the last look, while the child is stopped
 
     def look(self) -> bool:
         """One look; True once the training is frozen between two saves."""
@@ -101,15 +102,20 @@ class Freezer:
             if saved_once(stack, run_dir):
                 self.pid = training_pid(run_dir, stack)
                 os.kill(self.pid, signal.SIGSTOP)
-                self._stopped_at, self._saw_at = time.monotonic(), None
+                self._stopped_at, self._saw_at, self._log_size = time.monotonic(), None, -1
             return False
         if self._saw_at is None:
             if supervisor_saw_a_save(run_dir):
                 self._saw_at = now
             elif now - self._stopped_at < self.SUPERVISOR_SEES_A_SAVE_S:
                 return False
-        if self._saw_at is not None and now - self._saw_at < self.COPY_OUT_S:
-            return False
+        if self._saw_at is not None:
+            size = len(attempt_log(run_dir, 1))
+            if size != self._log_size:  # still copying out (several supervisors share the CPUs)
+                self._log_size, self._saw_at = size, now
+                return False
+            if now - self._saw_at < self.COPY_OUT_S:
+                return False
         step = in_the_middle(stack, run_dir)
         if self._saw_at is not None and step is not None:
             self.step = step
