@@ -56,7 +56,9 @@ DEFAULT_STEP_PATTERNS: tuple[tuple[str, str, str], ...] = (
     ("global_step", r"\bglobal[ _-]?step['\"]?\s*[:=]?\s*(?P<n>\d+)(?![\d.]*\d)", "global"),
     ("num_updates", r"\bnum_updates['\"]?\s*[:=]?\s*(?P<n>\d+)(?![\d.]*\d)", "global"),
     ("step_key", r"['\"]step['\"]\s*:\s*(?P<n>\d+)(?![\d.]*\d)", "global"),
-    ("tqdm", r"\d{1,3}%\|[^|]*\|\s*(?P<n>\d+)/(?:\d+|\?)\s*\[", "progress"),
+    # a bar after its percentage, or after a description when the total is unknown (Lightning's
+    # "Training: |          | 21/? [")
+    ("tqdm", r"(?:\d{1,3}%|:\s{0,4})\|[^|]*\|\s*(?P<n>\d+)/(?:\d+|\?)\s*\[", "progress"),
     ("tqdm_total_unknown", r"(?<![\w.])(?P<n>\d+)it\s*\[", "progress"),
     ("step_keyword", r"\b(?:step|iter|iteration)(?:\s*\(\w+\))?\s*[:=#]?\s*\[?\s*(?P<n>\d+)(?![\d.]*\d)",
      "counter"),
@@ -88,6 +90,15 @@ _PATHLIKE = re.compile(r"(?<!\S)(?:\.{0,2}/|~/|[^\s/]+/[^\s/]+/)\S*"
                        r"|\S*\.(?:ckpt|pt|pth|bin|safetensors|distcp|pkl|tar)\b\S*",
                        _FLAGS)
 _STEPS_DESC = re.compile(r"\b(?:global|steps?|iters?|iterations?)\b", _FLAGS)
+# An epoch bar's description: "Epoch 3:" (Lightning's TQDMProgressBar), "Epoch 3/10" (the index and the
+# number of epochs).
+_EPOCH_INDEX = re.compile(r"\bepoch\s*[:#]?\s*(?P<e>\d{1,6})(?![\d.])", _FLAGS)
+# The "step N" of a line that also names an epoch ("Epoch 1 | iter 46 step 23 | loss ..."): a step
+# with no "/N" after it, the one keyword that usually counts optimizer steps over the whole run.
+_STEP_ON_EPOCH_LINE = re.compile(r"\bstep\s*[:=#]?\s*(?P<n>\d+)(?![\d.]*\d)(?!\s*/\s*\d)", _FLAGS)
+# A tqdm bar's fill between its pipes ("|####5     |", "|██▋       |"): it changes as the bar fills,
+# so it is not part of what kind of line this is.
+_BAR_FILL = re.compile(r"\|[^|]*\|\s*$")
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 
 
@@ -125,6 +136,10 @@ class StepMatch:
     pattern: str  # which pattern matched ("user" for a step_regex)
     shape: str = ""  # what kind of line it is (see :func:`line_shape`): one line's steps agree with each other
     bare_bar: bool = False  # a tqdm bar that names no epoch and no side loop: may count global steps (BarEvidence)
+    # What the global step would be if this progress-only line counts it (None: no such reading). A
+    # bare bar: its count; an epoch bar with a known total ("Epoch E: ... B/N ["): E*N+B; a counter on
+    # a line that names an epoch: its "step N". Counted only once BarEvidence has proved the line.
+    candidate: int | None = None
 
 
 class StepExtractor:
@@ -172,11 +187,16 @@ class StepExtractor:
                 return StepMatch(value, False, name, shape)
             side = not self.user and side_loop_counter(text, found)
             if scope == "counter":
-                return StepMatch(value, epoch_line or side, name, shape)
+                candidate = None if side or not epoch_line else epoch_line_step(text)
+                return StepMatch(value, epoch_line or side, name, shape, candidate=candidate)
             desc = text[:found.start()]  # a tqdm bar's description: what it counts
             plain_bar = name.startswith("tqdm") and not epoch_line and not side
             global_bar = plain_bar and bool(_STEPS_DESC.search(desc))
-            return StepMatch(value, not global_bar, name, shape, bare_bar=plain_bar and not global_bar)
+            bare = plain_bar and not global_bar
+            candidate = value if bare else None
+            if name.startswith("tqdm") and epoch_line and not side:
+                candidate = epoch_bar_step(desc, value, text[found.end("n"):])
+            return StepMatch(value, not global_bar, name, shape, bare_bar=bare, candidate=candidate)
         return None
 
     def _first_match(self, name: str, regex: re.Pattern[str], text: str) -> re.Match[str] | None:
@@ -194,6 +214,32 @@ class StepExtractor:
         return None if found is None or found.progress_only else found.value
 
 
+def epoch_line_step(text: str) -> int | None:
+    """The "step N" of a line that names an epoch, or None (litgpt: "Epoch 1 | iter 46 step 23")."""
+    for found in _STEP_ON_EPOCH_LINE.finditer(text):
+        if not _QUALIFIER.search(text, max(0, found.start() - 32), found.start()):
+            return step_from_text(found.group("n"))
+    return None
+
+
+def epoch_bar_step(desc: str, batch: int, after: str) -> int | None:
+    """An epoch bar ("Epoch 2:  40%|####| 40/100 [") read as a global step: epoch x batches per
+    epoch + batch (2*100+40). Needs the epoch index and the total; in epoch 0 the batch alone. Right
+    only with one optimizer step per batch and every epoch the same length: a candidate that
+    :class:`BarEvidence` accepts once a save or the resume point agrees with it, never a step by itself."""
+    epoch = _EPOCH_INDEX.search(desc)
+    if epoch is None:
+        return None
+    index = int(epoch.group("e"))
+    if index == 0:
+        return batch
+    total = re.match(r"\s*/\s*(\d{1,9})", after)
+    if total is None:
+        return None
+    value = index * int(total.group(1)) + batch
+    return value if value < MAX_STEP else None
+
+
 _SHAPE_DIGITS = re.compile(r"[0-9]+")
 
 
@@ -201,8 +247,12 @@ def line_shape(pattern: str, text: str, found: re.Match[str], digits: str) -> st
     """What kind of line a counter sits in: the pattern, the words right before the counter
     (digits blanked) and the total of an ``i/N`` counter. Two readings of one progress line share a
     shape ("iter 100: loss" and "iter 200: loss"); "step 3/50" and "step 300/10000" do not."""
-    at = text.find(digits, found.start()) if digits else found.start()
-    before = _SHAPE_DIGITS.sub("#", " ".join(text[max(0, at - 24):at].lower().split()))
+    groups = found.re.groupindex
+    at = found.start("n") if "n" in groups else (found.start(1) if found.re.groups else -1)
+    if at < 0:  # not where the counter is: the first place its digits appear
+        at = text.find(digits, found.start()) if digits else found.start()
+    prefix = _BAR_FILL.sub("|bar| ", text[:at]) if pattern.startswith("tqdm") else text[:at]
+    before = _SHAPE_DIGITS.sub("#", " ".join(prefix[-24:].lower().split()))
     fraction = _FRACTION_AFTER.match(text, at + len(digits)) if digits else None
     total = fraction.group(0).replace(" ", "") if fraction else ""
     return f"{pattern}|{before}|{total}"
@@ -264,40 +314,90 @@ class StepConfirmer:
 
 
 class BarEvidence:
-    """A bare progress bar (`` 35%|###5      | 35/100 [``: no description, no epoch) may count the
-    global step (HF Trainer's bar counts optimizer steps up to max_steps) or batches of one epoch
-    (a plain ``tqdm(loader)``). The line cannot say; other sources can. A bar counts global steps
-    from the moment an independent step agrees with it: its first reading is the resume point's
-    step (or the next one), or a save with a step from its name or contents lands while the bar
-    reads that step (one off allowed). Per attempt; pure."""
+    """A progress line that may count the global step, or may not: a bare progress bar
+    (`` 35%|###5      | 35/100 [``: HF Trainer's counts optimizer steps, a plain ``tqdm(loader)``
+    counts batches of one epoch), an epoch bar read as epoch x batches + batch (Lightning's
+    ``Epoch 1:  40%|...| 40/100 [``), a "step N" on a line that names an epoch (litgpt's
+    ``Epoch 1 | iter 46 step 23``). The line cannot say; other sources can. Such a line counts global
+    steps from the moment an independent step agrees with its reading (its :attr:`StepMatch.candidate`):
+    its first reading (past a bar's initial 0) is the resume point's step (or the next one), or a
+    save with a step from its name or contents lands while the line reads that step (one off
+    allowed), at the moment the save began (the training waits for its save there) or when it is
+    seen finished. A proven line
+    that goes back (a new epoch of a per-epoch counter) is no longer believed: a global step never
+    goes back within an attempt. Per attempt; pure."""
 
     MAX_BARS = 16
+    MAX_WINDOW = 512  # readings of one line remembered while a save is in flight
+    # A save is first seen up to a poll of the checkpoint directory after it began (run/saves.py polls
+    # every 0.25 s), and a fast save may be whole by then: the readings of this many seconds before it
+    # was seen count as read while it was in flight.
+    SEEN_LATE_S = 0.5
 
     def __init__(self, resume_step: int | None) -> None:
         self.resume_step = resume_step
         self._last: dict[str, int] = {}
         self._global: set[str] = set()
+        # Each line's readings from the moment a save began until it landed (None: no save in flight)
+        self._window: dict[str, list[int]] | None = None
+        self._recent: dict[str, deque[tuple[float, int]]] = {}  # (when read, reading), newest last
+        self._at_sight: dict[str, int] = {}  # each line's reading when the save in flight was first seen
+        self._refuted: set[str] = set()  # proven once, then went back: never again this attempt
 
-    def counts(self, shape: str, value: int) -> bool:
-        """Whether this bar reading is a global step."""
-        if shape in self._global:
-            return True
+    def counts(self, shape: str, value: int, now: float = 0.0) -> bool:
+        """Whether this reading (read at ``now``) is a global step."""
         first = shape not in self._last
         if first and len(self._last) >= self.MAX_BARS:
             return False
+        previous = self._last.get(shape)
         self._last[shape] = value
-        if first and self.resume_step is not None and value in (self.resume_step, self.resume_step + 1):
+        if self._window is not None and len(seen := self._window.setdefault(shape, [])) < self.MAX_WINDOW:
+            seen.append(value)
+        self._recent.setdefault(shape, deque(maxlen=64)).append((now, value))
+        if shape in self._global:
+            if previous is not None and value < previous:
+                self._global.discard(shape)
+                self._refuted.add(shape)
+                return False
+            return True
+        # The first reading, or the first past a bar's initial 0 (tqdm draws a new bar at 0: Lightning's
+        # "Training: 0/?" and then "21/?" after a resume at step 20; a per-epoch bar goes 0, 1, 2, ...).
+        fresh = first or (previous == 0 and shape not in self._refuted)
+        if fresh and self.resume_step is not None and value in (self.resume_step, self.resume_step + 1):
             self._global.add(shape)
             return True
         return False
 
+    def save_began(self, now: float = 0.0) -> None:
+        """A save was first seen at ``now``: what each line read shortly before, and reads from now
+        until the save lands, is what it read while the save was in flight."""
+        self._window = {shape: [v for at, v in recent if at >= now - self.SEEN_LATE_S] or [self._last[shape]]
+                        for shape, recent in self._recent.items()}
+        self._at_sight = dict(self._last)
+
     def saved(self, step: int) -> tuple[int, ...]:
-        """A save of ``step`` landed: bars reading it (one off allowed) count global steps from
-        now. Returns their current readings, to be taken as steps."""
-        agreeing = [shape for shape, value in self._last.items()
-                    if shape not in self._global and abs(value - step) <= 1]
-        self._global.update(agreeing)
-        return tuple(self._last[shape] for shape in agreeing)
+        """A save of ``step`` landed: a line that read it (one off allowed) while it was in flight
+        counts global steps from now. A fast save may be whole before the watch first sees it, and
+        the output reaches the supervisor a little after it is written: every reading from
+        SEEN_LATE_S before the save was seen until now is looked at, provided they never go back (a
+        new epoch of a per-epoch counter) and the line did not read about twice the save's step when
+        it was seen (a bar counting batches under gradient accumulation reads at least twice the
+        step). Returns the readings to take as steps, in order: the one that agreed, then
+        the current one."""
+        window, self._window = self._window or {}, None
+        taken: list[int] = []
+        for shape, value in self._last.items():
+            if shape in self._global or shape in self._refuted:
+                continue
+            readings = [*window.get(shape, []), value]
+            agreed = step if step in readings else next((r for r in readings if abs(r - step) <= 1), None)
+            if agreed is None or any(b < a for a, b in zip(readings, readings[1:])):
+                continue
+            if self._at_sight.get(shape, value) >= max(2 * step - 1, step + 2):
+                continue  # twice the save's step when it was seen: counts batches (gradient accumulation)
+            taken.extend([agreed, value] if agreed != value else [value])
+            self._global.add(shape)
+        return tuple(taken)
 
 
 def side_loop_counter(text: str, found: re.Match[str]) -> bool:
@@ -316,7 +416,7 @@ def side_loop_counter(text: str, found: re.Match[str]) -> bool:
     if not _SIDE_LOOP.search(before):
         return False
     fraction = _FRACTION_AFTER.match(text, found.end("n")) is not None
-    return fraction or found.re.pattern.startswith(r"\d{1,3}%")
+    return fraction or found.re.pattern.startswith(r"(?:\d{1,3}%")
 
 
 def extract_loss(line: str) -> float | None:

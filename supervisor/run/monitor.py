@@ -60,7 +60,7 @@ class Watch:
     flood_warned: bool = False
     slow_nodes: SlowNodeTracker | None = None  # None when slow_node.action is off
     confirm: StepConfirmer = field(default_factory=StepConfirmer)  # output steps count once their line proved itself
-    bars: BarEvidence = field(default_factory=lambda: BarEvidence(None))  # bare tqdm bars proven to count steps
+    bars: BarEvidence = field(default_factory=lambda: BarEvidence(None))  # progress lines proven to count steps
     saves_seen: int = 0  # state.saves already shown to ``bars``
 
 
@@ -118,6 +118,8 @@ def tick(ctx: RunContext, child: Any, state: AttemptState, w: Watch) -> ChildExi
         had_save = state.in_flight is not None
         watch_saves(ctx, w.watcher, state, now)
         show_saves_to_bars(ctx, child, state, w, now)
+        if not had_save and state.in_flight is not None:
+            w.bars.save_began(now)  # the training waits for its save: its bars stand at the save's step
         w.next_watch = now + WATCH_INTERVAL
         if state.in_flight is not None and state.in_flight.source == WRITER and open_save(ctx, child) is None:
             state.in_flight = None  # the file seen open for writing was closed: the save ended
@@ -167,8 +169,8 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
     resumable.observe_lines(ctx, state, lines)
     for match in matches_worth_observing(lines, w.extractor.match, first_step_seen=state.first_step is not None):
         if match.progress_only:
-            if match.bare_bar and w.bars.counts(match.shape, match.value):
-                observe_step(ctx, child, state, w, match.value, now, "regex")  # a bar proven to count steps
+            if match.candidate is not None and w.bars.counts(match.shape, match.candidate, now):
+                observe_step(ctx, child, state, w, match.candidate, now, "regex")  # a line proven to count steps
                 continue
             if w.progress.observe_counter(match.value, now):  # activity, not the global step
                 ctx.stall.progress(now)
