@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
         logging_steps=1, per_device_train_batch_size=8, report_to=[], use_cpu=not torch.cuda.is_available(),
         disable_tqdm=True, dataloader_num_workers=0,
     )
-    supervisor_callback = SupervisorCallback()  # <- supervisor
     trainer = Trainer(model=TinyRegression(step_time=args.step_time), args=training_args,
-                      train_dataset=SyntheticData(8 * args.steps), callbacks=[supervisor_callback])
+                      train_dataset=SyntheticData(8 * args.steps))
+    supervisor_callback = SupervisorCallback(trainer)  # <- supervisor (given the trainer: it logs restarts too)
+    trainer.add_callback(supervisor_callback)
     trainer.train(resume_from_checkpoint=resume_ckpt_path())  # <- supervisor
     if not supervisor_callback.stopped_on_notice:
         print(f"training complete at step {trainer.state.global_step}", flush=True)
