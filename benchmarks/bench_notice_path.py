@@ -52,7 +52,7 @@ def one(n: int, repo: Path) -> tuple[float, float]:
         run = Path(tmp) / "run"
         (run / "supervisor").mkdir(parents=True)
         _prefill(run / "supervisor" / "events.jsonl", n)
-        env = dict(os.environ, PYTHONPATH=str(repo))  # and cwd=tmp: `-m` puts the cwd before PYTHONPATH
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])))  # and cwd=tmp: `-m` puts the cwd before PYTHONPATH
         env.pop("SLURM_JOB_ID", None)
         proc = subprocess.Popen([sys.executable, "-m", "supervisor", "run", "--run-dir", str(run), "--",
                                  sys.executable, "-c", CHILD], env=env, cwd=tmp,
