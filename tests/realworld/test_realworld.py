@@ -12,13 +12,16 @@ interval of lost steps (``supervise report --json``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -140,6 +143,31 @@ def freeze_all(placed: list[tuple[Stack, Path]], timeout: float) -> list[Freezer
     late = [f for f in freezers if f.step is None]
     raise AssertionError("no step between two saves within {:.0f}s: {}\n{}".format(
         timeout, ", ".join(f.stack.key for f in late), attempt_log(late[0].run_dir, 1)[-3000:]))
+
+
+@contextlib.contextmanager
+def kept_stopped(pids: list[int], every: float = 0.005) -> Iterator[None]:
+    """SIGSTOP ``pids`` again and again until they are gone or the block ends, so that a SIGCONT
+    from elsewhere (Slurm's, at a preemption) lets each run a few milliseconds at most."""
+    done = threading.Event()
+
+    def stop_again() -> None:
+        alive = set(pids)
+        while alive and not done.is_set():
+            for pid in list(alive):
+                try:
+                    os.kill(pid, signal.SIGSTOP)
+                except ProcessLookupError:
+                    alive.discard(pid)
+            done.wait(every)
+
+    thread = threading.Thread(target=stop_again, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(timeout=5)
 
 
 def descendants(pid: int) -> list[int]:
@@ -273,10 +301,13 @@ def test_preempted_on_the_cluster_between_saves_every_stack_resumes_from_its_new
                                    "-w", "n1", "--requeue", "--open-mode=append", "--time=10", "-J", "victim",
                                    "-o", f"{slurm_job_dir}/victim-%j.out")
         # Each child stays stopped through the grace: its supervisor ends it (SIGKILL reaches a stopped
-        # process), so the step it reached is the one the test saw.
-        freeze_all([(stack, run_dir) for stack, _, run_dir in placed], timeout=400)
-        slurm_cluster.preempt("n1")
-        final = slurm_cluster.wait_state(job, "COMPLETED", timeout=500, min_restarts=1)
+        # process), so the step it reached is the one the test saw. Slurm sends every process of the
+        # step a SIGCONT with the preemption's SIGTERM: the children are stopped again at once, or a
+        # fast one would train on through the grace (Accelerate's ran its last 900 steps in 2 s).
+        freezers = freeze_all([(stack, run_dir) for stack, _, run_dir in placed], timeout=400)
+        with kept_stopped([f.pid for f in freezers if f.pid is not None]):
+            slurm_cluster.preempt("n1")
+            final = slurm_cluster.wait_state(job, "COMPLETED", timeout=500, min_restarts=1)
     assert final.restarts == 1
     output = "".join(p.read_text(errors="replace") for p in slurm_job_dir.glob("victim-*.out"))
     for stack, _, run_dir in placed:
