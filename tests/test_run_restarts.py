@@ -108,7 +108,9 @@ def test_a_child_that_ignores_its_resume_point_is_caught(tmp_path: Path) -> None
 
 def test_stalled_child_is_dumped_killed_and_restarted(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    res = run_supervise(["run", "--run-dir", str(run_dir), *FAST, "--stall-timeout", "4", "--", PY, PLAIN,
+    # The child hangs for good at step 15; 12 s without a step is far longer than any gap a loaded
+    # 2-core machine puts between two steps and a save (4 s was not, with two test workers).
+    res = run_supervise(["run", "--run-dir", str(run_dir), *FAST, "--stall-timeout", "12", "--", PY, PLAIN,
                          "--steps", "40", "--save-every", "10"], env={"FAULT_STALL_AT": "15"})
     assert res.returncode == 0, res.stderr[-3000:]
     stall = events_named(run_dir, "stall")[0]
