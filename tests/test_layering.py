@@ -17,7 +17,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "supervisor"
 
-TRAINING_SIDE = {"supervisor.client", "supervisor.control_wire", "supervisor.determinism", "supervisor.checkpoints.atomic",
+TRAINING_SIDE = {"supervisor.client", "supervisor.client_metrics", "supervisor.control_wire", "supervisor.determinism", "supervisor.checkpoints.atomic",
                  "supervisor.integrations", "supervisor.integrations.lightning", "supervisor.integrations.hf",
                  "supervisor.sharded", "supervisor.commit_marker", "supervisor.integrations.dcp",
                  "supervisor.integrations.deepspeed"}
@@ -34,7 +34,7 @@ LEAF_MODULES = {
     "supervisor.checkpoints.naming", "supervisor.checkpoints.formats", "supervisor.checkpoints.outcome",
     "supervisor.checkpoints.limits", "supervisor.checkpoints.allowlist", "supervisor.checkpoints.trust",
     "supervisor.slurm.env",
-    "supervisor.slurm.parse", "supervisor.client", "supervisor.determinism", "supervisor.checkpoints.atomic",
+    "supervisor.slurm.parse", "supervisor.client", "supervisor.client_metrics", "supervisor.determinism", "supervisor.checkpoints.atomic",
     "supervisor.sharded", "supervisor.commit_marker", "supervisor.redact", "supervisor.textsafe",
     "supervisor.private", "supervisor.sinks", "supervisor.class_traits",
 }
