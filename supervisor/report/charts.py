@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from .markup import Html, coord, el
+from .markup import Html, el, px
 from .model import AttemptRow, Report
 from .render import fmt_duration, fmt_lost, fmt_ts
 
@@ -179,27 +179,27 @@ def _marker_shape(kind: Mark, x: float, y: float, r: float) -> Html:
     """A shape per kind, so the marks read without colour too (crosses, triangles, squares...)."""
     cls = f"mk mk-{kind.value}"
     if kind is Mark.FAILURE:
-        return el("path", d=f"M{coord(x - r)} {coord(y - r)}L{coord(x + r)} {coord(y + r)}M{coord(x - r)} {coord(y + r)}"
-                            f"L{coord(x + r)} {coord(y - r)}", class_=cls)
+        return el("path", d=f"M{px(x - r)} {px(y - r)}L{px(x + r)} {px(y + r)}M{px(x - r)} {px(y + r)}"
+                            f"L{px(x + r)} {px(y - r)}", class_=cls)
     if kind is Mark.NOTICE:
-        return el("path", d=f"M{coord(x - r)} {coord(y - r)}L{coord(x + r)} {coord(y - r)}L{coord(x)} {coord(y + r)}Z", class_=cls)
+        return el("path", d=f"M{px(x - r)} {px(y - r)}L{px(x + r)} {px(y - r)}L{px(x)} {px(y + r)}Z", class_=cls)
     if kind is Mark.SAVE:
         h = r * 0.6
-        return el("rect", x=coord(x - h), y=coord(y - h), width=coord(2 * h), height=coord(2 * h), class_=cls)
+        return el("rect", x=px(x - h), y=px(y - h), width=px(2 * h), height=px(2 * h), class_=cls)
     if kind is Mark.QUARANTINE:
-        return el("path", d=f"M{coord(x)} {coord(y - r)}L{coord(x + r)} {coord(y)}L{coord(x)} {coord(y + r)}L{coord(x - r)} {coord(y)}Z",
+        return el("path", d=f"M{px(x)} {px(y - r)}L{px(x + r)} {px(y)}L{px(x)} {px(y + r)}L{px(x - r)} {px(y)}Z",
                   class_=cls)
     if kind is Mark.STALL:
-        return el("path", d=f"M{coord(x - r)} {coord(y - r)}L{coord(x + r)} {coord(y - r)}L{coord(x - r)} {coord(y + r)}"
-                            f"L{coord(x + r)} {coord(y + r)}Z", class_=cls)
+        return el("path", d=f"M{px(x - r)} {px(y - r)}L{px(x + r)} {px(y - r)}L{px(x - r)} {px(y + r)}"
+                            f"L{px(x + r)} {px(y + r)}Z", class_=cls)
     if kind is Mark.REQUEUE:
-        return el("circle", cx=coord(x), cy=coord(y), r=coord(r * 0.8), class_=cls)
-    return el("circle", cx=coord(x), cy=coord(y), r=coord(r * 0.6), class_=cls)  # resume
+        return el("circle", cx=px(x), cy=px(y), r=px(r * 0.8), class_=cls)
+    return el("circle", cx=px(x), cy=px(y), r=px(r * 0.6), class_=cls)  # resume
 
 
 def _chart(chart_id: str, title: str, desc: str, height: float, body: Sequence[Html]) -> Html:
     return el("svg", el("title", title, id=f"{chart_id}-title"), el("desc", desc, id=f"{chart_id}-desc"), *body,
-              id=chart_id, xmlns="http://www.w3.org/2000/svg", viewBox=f"0 0 {coord(CHART_W)} {coord(height)}",
+              id=chart_id, xmlns="http://www.w3.org/2000/svg", viewBox=f"0 0 {px(CHART_W)} {px(height)}",
               role="img", aria_labelledby=f"{chart_id}-title {chart_id}-desc", class_="chart",
               preserveAspectRatio="xMinYMin meet")
 
@@ -209,9 +209,9 @@ def _lanes(attempts: Sequence[AttemptRow], rh: float, x0: float, x1: float) -> l
     for i, a in enumerate(attempts):
         y = TOP + i * rh
         if i % 2:
-            out.append(el("rect", x=coord(x0), y=coord(y), width=coord(x1 - x0), height=coord(rh), class_="lane"))
+            out.append(el("rect", x=px(x0), y=px(y), width=px(x1 - x0), height=px(rh), class_="lane"))
         if rh >= 10 or i % max(1, round(10 / rh)) == 0:
-            out.append(el("text", f"#{a.attempt}", x=coord(x0 - 6), y=coord(y + rh / 2), class_="lbl",
+            out.append(el("text", f"#{a.attempt}", x=px(x0 - 6), y=px(y + rh / 2), class_="lbl",
                           text_anchor="end", dominant_baseline="middle"))
     return out
 
@@ -250,17 +250,17 @@ def wall_chart(report: Report, marks: Sequence[Marker]) -> Html | None:
     bottom = TOP + rh * len(report.attempts)
     for off in time_ticks(span):
         gx = x(t0 + off)
-        body.append(el("line", x1=coord(gx), y1=coord(TOP), x2=coord(gx), y2=coord(bottom), class_="grid"))
-        body.append(el("text", fmt_offset(off), x=coord(gx), y=coord(bottom + 14), class_="tick",
+        body.append(el("line", x1=px(gx), y1=px(TOP), x2=px(gx), y2=px(bottom), class_="grid"))
+        body.append(el("text", fmt_offset(off), x=px(gx), y=px(bottom + 14), class_="tick",
                        text_anchor="middle"))
-    body.append(el("text", f"wall-clock time since {fmt_ts(t0)}", x=coord((x0 + x1) / 2), y=coord(bottom + 30),
+    body.append(el("text", f"wall-clock time since {fmt_ts(t0)}", x=px((x0 + x1) / 2), y=px(bottom + 30),
                    class_="axis", text_anchor="middle"))
     for job in report.run.jobs[1:]:
         if job.start is not None:
             jx = x(job.start)
             body.append(el("g", el("title", f"job {job.job_id or '-'} (requeue {job.restart_count or '?'}) started "
                                             f"on {job.host or '?'} at {fmt_ts(job.start)}"),
-                           el("line", x1=coord(jx), y1=coord(TOP), x2=coord(jx), y2=coord(bottom), class_="session"),
+                           el("line", x1=px(jx), y1=px(TOP), x2=px(jx), y2=px(bottom), class_="session"),
                            class_="mark"))
     for a in attempts:
         i = row[a.attempt]
@@ -271,7 +271,7 @@ def wall_chart(report: Report, marks: Sequence[Marker]) -> Html | None:
         body.append(el("g", el("title", f"attempt {a.attempt}: {fmt_ts(a.start)} to "
                                         f"{fmt_ts(a.end) if a.end is not None else 'still running'} "
                                         f"({fmt_duration(a.duration)}), {a.end_class or 'running'}"),
-                       el("rect", x=coord(bx), y=coord(TOP + i * rh + rh * 0.2), width=coord(bw), height=coord(rh * 0.6),
+                       el("rect", x=px(bx), y=px(TOP + i * rh + rh * 0.2), width=px(bw), height=px(rh * 0.6),
                           rx="2", class_=f"bar k-{end_kind(a)}"), class_="mark"))
     placed = []
     for m in marks:
@@ -304,9 +304,9 @@ def step_chart(report: Report, marks: Sequence[Marker]) -> Html | None:
     body = _lanes(report.attempts, rh, x0, x1)
     for t in step_ticks(top):
         gx = x(t)
-        body.append(el("line", x1=coord(gx), y1=coord(TOP), x2=coord(gx), y2=coord(bottom), class_="grid"))
-        body.append(el("text", fmt_steps(t), x=coord(gx), y=coord(bottom + 14), class_="tick", text_anchor="middle"))
-    body.append(el("text", "training step", x=coord((x0 + x1) / 2), y=coord(bottom + 30), class_="axis",
+        body.append(el("line", x1=px(gx), y1=px(TOP), x2=px(gx), y2=px(bottom), class_="grid"))
+        body.append(el("text", fmt_steps(t), x=px(gx), y=px(bottom + 14), class_="tick", text_anchor="middle"))
+    body.append(el("text", "training step", x=px((x0 + x1) / 2), y=px(bottom + 30), class_="axis",
                    text_anchor="middle"))
     for a in report.attempts:
         i = row[a.attempt]
@@ -317,14 +317,14 @@ def step_chart(report: Report, marks: Sequence[Marker]) -> Html | None:
         last = max(a.last_step, first)
         y = TOP + i * rh + rh * 0.2
         body.append(el("g", el("title", f"attempt {a.attempt}: steps {first} to {last}, {a.end_class or 'running'}"),
-                       el("rect", x=coord(x(first)), y=coord(y), width=coord(max(x(last) - x(first), 2.0)),
-                          height=coord(rh * 0.6), rx="2", class_=f"bar k-{end_kind(a)}"), class_="mark"))
+                       el("rect", x=px(x(first)), y=px(y), width=px(max(x(last) - x(first), 2.0)),
+                          height=px(rh * 0.6), rx="2", class_=f"bar k-{end_kind(a)}"), class_="mark"))
         if a.steps_lost:
             lo = max(last - a.steps_lost, 0)
             body.append(el("g", el("title", f"attempt {a.attempt}: {fmt_lost(a.steps_lost, a.steps_lost_at_least)} "
                                             f"steps lost (steps {lo} to {last} were done again)"),
-                           el("rect", x=coord(x(lo)), y=coord(y), width=coord(max(x(last) - x(lo), 2.0)),
-                              height=coord(rh * 0.6), class_="lost"), class_="mark"))
+                           el("rect", x=px(x(lo)), y=px(y), width=px(max(x(last) - x(lo), 2.0)),
+                              height=px(rh * 0.6), class_="lost"), class_="mark"))
     placed = []
     for m in marks:
         if m.step is None:

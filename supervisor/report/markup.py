@@ -52,6 +52,6 @@ def join(*items: Any) -> Html:
     return Html("".join(esc(i) for i in _flatten(items)))
 
 
-def coord(x: float) -> str:
+def px(x: float) -> str:
     """A coordinate: short, and never 'nan' (a NaN would break the SVG)."""
     return "0" if not math.isfinite(x) else f"{x:.1f}".rstrip("0").rstrip(".")
