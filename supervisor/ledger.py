@@ -31,8 +31,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .class_traits import classes_where
+from .event_records import (
+    AttemptEnded,
+    AttemptStarted,
+    Decided,
+    FailureSeen,
+    FoldedRecord,
+    ProgressSeen,
+    ResumedAt,
+    ResumePointTold,
+    SaveEnded,
+    SavedElsewhere,
+    record_of,
+)
 from .events import Ev, Event
-from .fields import as_float, as_int, as_nodes, as_str
+from .fields import as_float, as_int, as_str
 from .states import Action, FailureClass
 
 __all__ = [
@@ -195,45 +208,6 @@ def restarts_from_scratch(records: Sequence[AttemptRecord]) -> list[tuple[Attemp
 
 
 
-def _signal(value: Any) -> int | None:
-    """``attempt_end`` writes the signal's name (``SIGSEGV``); older or other writers the number."""
-    number = as_int(value)
-    if number is not None:
-        return abs(number)
-    if isinstance(value, str) and value:
-        from .signals import parse_signal
-
-        try:
-            return parse_signal(value)
-        except ValueError:
-            return None
-    return None
-
-
-def _cls(value: Any) -> FailureClass | None:
-    try:
-        return FailureClass(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _action(value: Any) -> Action | None:
-    try:
-        return Action(value) if value is not None else None
-    except ValueError:
-        return None
-
-
-
-
-def _lines(value: Any) -> tuple[str, ...]:
-    if isinstance(value, (list, tuple)):
-        return tuple(str(x) for x in value)
-    if isinstance(value, str) and value:
-        return (value,)
-    return ()
-
-
 # ---------------------------------------------------------------------------------------------
 # The fold
 
@@ -367,99 +341,100 @@ class Ledger:
         """The highest attempt number the log has started (0: none)."""
         return max((n for n, f in self._folds.items() if f.started), default=0)
 
-    def _fold_for(self, ev: Event) -> _Fold | None:
-        number = as_int(ev.get("attempt"))
-        if number is None:
+    def _fold_for(self, attempt: int | None) -> _Fold | None:
+        if attempt is None:
             return self._current
-        if number not in self._folds:
-            self._folds[number] = _Fold(number)
-            if number in self._told:
-                self._folds[number].resume(self._told[number], "path", "step")
-        if self._current is None or number >= self._current.attempt:
-            self._current = self._folds[number]
-        return self._folds[number]
+        if attempt not in self._folds:
+            self._folds[attempt] = _Fold(attempt)
+            if attempt in self._told:
+                self._folds[attempt].resume(self._told[attempt], "path", "step")
+        if self._current is None or attempt >= self._current.attempt:
+            self._current = self._folds[attempt]
+        return self._folds[attempt]
 
     def apply(self, ev: Event) -> None:
-        """Fold one event (file order) into the attempts it concerns."""
+        """Fold one event (file order) into the attempts it concerns, through its typed record
+        (supervisor/event_records.py)."""
         self.events += 1
-        if ev.event in (Ev.SAVE_END.value, Ev.SAVE_ELSEWHERE.value):
+        rec = record_of(ev)
+        if rec is None:
+            return
+        if isinstance(rec, (SaveEnded, SavedElsewhere)):
             self.saves.append(ev)
-        name = ev.event
-        if name == Ev.RESUME_POINT.value:
-            number = as_int(ev.get("attempt"))
-            if number is not None and number in self._folds:
-                if not self._folds[number].resume_told:
-                    self._folds[number].resume(ev.fields, "path", "step")
-            elif number is not None:
-                self._told[number] = ev.fields
-            return
-        if name == Ev.ATTEMPT_START.value:
-            number = as_int(ev.get("attempt"))
-            if number is None:
-                number = max(self._folds, default=0) + 1
-            f = self._folds.setdefault(number, _Fold(number))
-            self._current = f
-            f.started, f.start = True, ev.ts
-            f.see(None, ev.ts)
-            f.job_id = as_str(ev.get("job_id"))
-            f.restart_count = as_int(ev.get("restart_count"))
-            f.nodes = as_nodes(ev.get("nodes")) or as_nodes(ev.get("host"))
-            if "resume_path" in ev.fields or "resume_step" in ev.fields:
-                f.resume(ev.fields, "resume_path", "resume_step")
-            elif number in self._told and not f.resume_told:
-                f.resume(self._told[number], "path", "step")
-            return
-        if name not in _FOLDED:
-            return
-        into = self._fold_for(ev)
-        if into is None:
-            return
-        f = into
-        if name == Ev.PROGRESS.value:
-            f.see(as_int(ev.get("step")), ev.ts)
-            source = as_str(ev.get("source"))
-            if source:
-                f.sources.add(source)
-        elif name == Ev.RESUMED.value:
-            step = as_int(ev.get("step"))
-            if f.reported_first is None and step is not None:
-                f.reported_first = step
-            f.see(step, ev.ts)
-        elif name == Ev.SAVE_END.value:
-            step = as_int(ev.get("step"))
-            if ev.get("ok") is not False and step is not None:
-                if f.durable_step is None or step >= f.durable_step:
-                    f.durable_step, f.durable_ts = step, ev.ts
-                f.see(step, ev.ts)
-        elif name == Ev.ATTEMPT_END.value:
-            f.end = ev.ts
-            f.end_fields = dict(ev.fields)
-            f.cls = _cls(ev.get("class")) or f.cls
-            f.action = _action(ev.get("action")) or f.action
-            f.exit_code = as_int(ev.get("exit_code")) if ev.get("exit_code") is not None else f.exit_code
-            f.signal = _signal(ev.get("signal")) if ev.get("signal") is not None else f.signal
-            f.see(as_int(ev.get("last_step")), ev.ts)
-        elif name == Ev.FAILURE.value:
-            f.cls = f.cls or _cls(ev.get("class"))
-            f.action = f.action or _action(ev.get("action"))
+        if isinstance(rec, ResumePointTold):
+            self._told_resume(rec)
+        elif isinstance(rec, AttemptStarted):
+            self._start(rec)
+        else:
+            f = self._fold_for(rec.attempt)
+            if f is not None:
+                self._fold(f, rec)
+
+    def _told_resume(self, rec: ResumePointTold) -> None:
+        number = rec.attempt
+        if number is not None and number in self._folds:
+            if not self._folds[number].resume_told:
+                self._folds[number].resume(rec.fields, "path", "step")
+        elif number is not None:
+            self._told[number] = rec.fields
+
+    def _start(self, rec: AttemptStarted) -> None:
+        number = rec.attempt if rec.attempt is not None else max(self._folds, default=0) + 1
+        f = self._folds.setdefault(number, _Fold(number))
+        self._current = f
+        f.started, f.start = True, rec.ts
+        f.see(None, rec.ts)
+        f.job_id, f.restart_count, f.nodes = rec.job_id, rec.restart_count, rec.nodes
+        if rec.resume is not None:
+            f.resume(rec.resume, "resume_path", "resume_step")
+        elif number in self._told and not f.resume_told:
+            f.resume(self._told[number], "path", "step")
+
+    @staticmethod
+    def _fold(f: _Fold, rec: FoldedRecord) -> None:
+        if isinstance(rec, ProgressSeen):
+            f.see(rec.step, rec.ts)
+            if rec.source:
+                f.sources.add(rec.source)
+        elif isinstance(rec, ResumedAt):
+            if f.reported_first is None and rec.step is not None:
+                f.reported_first = rec.step
+            f.see(rec.step, rec.ts)
+        elif isinstance(rec, SaveEnded):
+            if rec.ok and rec.step is not None:
+                if f.durable_step is None or rec.step >= f.durable_step:
+                    f.durable_step, f.durable_ts = rec.step, rec.ts
+                f.see(rec.step, rec.ts)
+        elif isinstance(rec, AttemptEnded):
+            f.end = rec.ts
+            f.end_fields = dict(rec.fields)
+            f.cls = rec.cls or f.cls
+            f.action = rec.action or f.action
+            if rec.exit_code is not None:
+                f.exit_code = rec.exit_code
+            if rec.signal is not None:
+                f.signal = rec.signal
+            f.see(rec.last_step, rec.ts)
+        elif isinstance(rec, FailureSeen):
+            f.cls = f.cls or rec.cls
+            f.action = f.action or rec.action
             if not f.failure_seen:  # the first failure: later ones are its consequences
                 f.failure_seen = True
-                f.evidence = _lines(ev.get("evidence"))
-                f.failure_step = as_int(ev.get("step"))
-                f.failure_node = as_str(ev.get("node"))
-                f.failure_reason = as_str(ev.get("reason"))
+                f.evidence = rec.evidence
+                f.failure_step = rec.step
+                f.failure_node = rec.node
+                f.failure_reason = rec.reason
             if f.exit_code is None:
-                f.exit_code = as_int(ev.get("exit_code"))
+                f.exit_code = rec.exit_code
             if f.signal is None:
-                f.signal = _signal(ev.get("signal"))
-            if ev.get("node") and not f.nodes:
-                f.nodes = (str(ev.get("node")),)
-        elif name == Ev.DECISION.value:
-            f.decided = _action(ev.get("action")) or f.decided
-        elif name == Ev.SAVE_ELSEWHERE.value:
-            step = as_int(ev.get("step"))
-            if step is not None and (f.elsewhere is None or step >= f.elsewhere[1]):
-                f.elsewhere = (as_str(ev.get("path")), step)
+                f.signal = rec.signal
+            if rec.node and not f.nodes:
+                f.nodes = (rec.node,)
+        elif isinstance(rec, Decided):
+            f.decided = rec.action or f.decided
+        elif isinstance(rec, SavedElsewhere):
+            if rec.step is not None and (f.elsewhere is None or rec.step >= f.elsewhere[1]):
+                f.elsewhere = (rec.path, rec.step)
 
     def records(self) -> list[AttemptRecord]:
         """One record per attempt, in attempt order (see :func:`ledger_from_events`)."""
@@ -478,10 +453,6 @@ def ledger_from_events(events: Iterable[Event]) -> list[AttemptRecord]:
     with ``cls`` None (``status`` "incomplete"). A ``resume_point`` alone creates no attempt.
     """
     return Ledger.of(events).records()
-
-
-_FOLDED = frozenset(e.value for e in (Ev.PROGRESS, Ev.RESUMED, Ev.SAVE_END, Ev.ATTEMPT_END, Ev.FAILURE,
-                                      Ev.DECISION, Ev.SAVE_ELSEWHERE))
 
 
 def newest_save(events: Iterable[Event]) -> tuple[str | None, int, int | None] | None:

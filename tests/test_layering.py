@@ -29,7 +29,7 @@ LAYER_NAMES = ["leaves", "decisions", "adapters", "run", "cli"]
 # Modules not listed default to ADAPTERS (they do I/O); the lists name the exceptions.
 LEAF_MODULES = {
     "supervisor", "supervisor.states", "supervisor.errors", "supervisor.paths", "supervisor.signals",
-    "supervisor.events", "supervisor.progress", "supervisor.fields", "supervisor.control_wire", "supervisor.checkpoints.fsio",
+    "supervisor.events", "supervisor.event_records", "supervisor.progress", "supervisor.fields", "supervisor.control_wire", "supervisor.checkpoints.fsio",
     "supervisor.slurm.version",
     "supervisor.checkpoints.naming", "supervisor.checkpoints.formats", "supervisor.checkpoints.outcome",
     "supervisor.checkpoints.limits", "supervisor.checkpoints.allowlist", "supervisor.checkpoints.trust",
