@@ -15,23 +15,20 @@ import math
 import os
 import re
 import shlex
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .config_values import StrictLoader, Typed, coerce, config_error, origin_of, set_dotted, typed_mapping
 from .errors import ConfigError
 from .policy import DEFAULT_POLICY, ClassPolicy, policy_for
 from .states import FailureClass
 
 ENV_PREFIX = "SUPERVISE_"
-MAX_CONFIG_INT = 2**53  # larger whole numbers are refused: no setting needs them, arithmetic stays exact
-_KEY_PART = re.compile(r"[a-z_][a-z0-9_]*\Z", re.IGNORECASE | re.ASCII)
 _SIGNAL_NAMES = {"TERM", "INT", "USR1", "USR2", "HUP", "QUIT", "CONT", "ALRM", "URG", "XCPU"}
 
 
@@ -363,184 +360,9 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
-class _Shown:
-    """A value as an error message shows it: its repr, cut to one readable line."""
-
-    def __init__(self, value: Any, limit: int = 120) -> None:
-        text = repr(value)
-        self._text = text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
-
-    def __repr__(self) -> str:
-        return self._text
-
-
-def _error(key: str, value: Any, allowed: str, source: str = "") -> ConfigError:
-    return ConfigError(key, _Shown(value), allowed, source)
-
-
-def _split_key(dotted: str, source: str, shown: str) -> list[str]:
-    """``budget.max_total_restarts`` -> its parts; a key with an empty or odd part is refused."""
-    parts = dotted.split(".")
-    if not dotted or any(not _KEY_PART.match(part) for part in parts):
-        raise _error(source, shown, "expected KEY=VALUE with a dotted key of letters, digits and '_', "
-                                    "e.g. budget.max_total_restarts=5")
-    return parts
-
-
-def _set_dotted(target: dict[str, Any], dotted: str, value: Any, source: str = "--set", shown: str = "") -> None:
-    parts = _split_key(dotted, source, shown or dotted)
-    node = target
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise _error(dotted, value, f"'{part}' is not a section")
-    node[parts[-1]] = value
-
-
-class Typed(str):
-    """A value typed in the environment or after ``--set``: text until the setting's declared type
-    reads it (``name=0123`` stays ``"0123"``, ``12:30`` stays ``"12:30"``; YAML 1.1 would make them
-    83 and 750). ``origin`` is what the user wrote it as, for error messages."""
-
-    origin: str
-
-    def __new__(cls, text: str, origin: str) -> Typed:
-        obj = super().__new__(cls, text)
-        obj.origin = origin
-        return obj
-
-
-_NULL_TEXTS = frozenset({"", "null", "~"})  # YAML's spellings of "unset"
-_TRUE_TEXTS = frozenset({"true", "yes", "on", "1"})
-_FALSE_TEXTS = frozenset({"false", "no", "off", "0"})
-_INT_TEXT = re.compile(r"[+-]?[0-9]+\Z", re.ASCII)
-_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?\Z", re.ASCII)
-_NONFINITE_TEXTS = frozenset({"inf", "+inf", "-inf", ".inf", "+.inf", "-.inf", "nan", ".nan", "infinity",
-                              "+infinity", "-infinity"})
-
-
-def _origin(value: Any) -> str | None:
-    """Where a typed value (or the first one inside a section) came from, as the user wrote it."""
-    if isinstance(value, Typed):
-        return value.origin
-    if isinstance(value, Mapping):
-        return next((o for o in map(_origin, value.values()) if o is not None), None)
-    return None
-
-
-def _typed_mapping(value: Typed) -> Any:
-    """A section given as one value (``--set budget={max_total_restarts: 5}``): read as YAML."""
-    try:
-        return yaml.load(str(value), Loader=_StrictLoader)  # no aliases: a value cannot expand to gigabytes
-    except (yaml.YAMLError, RecursionError, ValueError):  # ValueError: an int of over 4300 digits
-        return str(value)
-
-
-def _typed_items(text: str) -> list[Typed | str]:
-    """``TERM,USR1``, ``TERM USR1`` or ``[TERM, USR1]`` as the items of a list; ``[]`` is none."""
-    origin = text.origin if isinstance(text, Typed) else ""
-    body = text.strip()
-    if body.startswith("[") and body.endswith("]"):
-        body = body[1:-1]
-    items = [v.strip().strip("'\"") for v in re.split(r"[,\s]+", body)]
-    return [Typed(v, origin) for v in items if v]
-
-
-_NONE_TYPE = type(None)
-
-
-def _coerce(key: str, value: Any, hint: Any, source: str) -> Any:
-    """Check ``value`` against a type hint; convert where the conversion is unambiguous."""
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if _NONE_TYPE in args and (value is None or (isinstance(value, Typed) and value.lower() in _NULL_TEXTS)):
-            return None
-        inner = [a for a in args if a is not _NONE_TYPE]
-        return _coerce(key, value, inner[0], source)
-    if isinstance(value, Typed):
-        value = _read_typed(key, value, hint, source)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise _error(key, value, "expected true or false", source)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _error(key, value, "expected a whole number", source)
-        if value < 0:
-            raise _error(key, value, "expected a number >= 0", source)
-        if value > MAX_CONFIG_INT:
-            raise _error(key, value, f"expected a number <= 2**53 ({MAX_CONFIG_INT})", source)
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _error(key, value, "expected a number", source)
-        if isinstance(value, int) and value > MAX_CONFIG_INT:
-            raise _error(key, value, f"expected a number <= 2**53 ({MAX_CONFIG_INT})", source)
-        if not math.isfinite(value):  # .inf / .nan in YAML, "inf" on the command line
-            raise _error(key, value, "expected a finite number (no .inf or .nan)", source)
-        if value < 0:
-            raise _error(key, value, "expected a number >= 0", source)
-        return float(value)
-    if hint is str:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)
-        if not isinstance(value, str):
-            raise _error(key, value, "expected a string", source)
-        if "\0" in value:
-            raise _error(key, value, "must not contain a NUL character", source)
-        return value
-    if origin is tuple:
-        if isinstance(value, Typed):
-            value = _typed_items(value)
-        elif isinstance(value, str):
-            value = [v for v in re.split(r"[,\s]+", value) if v]
-        if not isinstance(value, (list, tuple)):
-            raise _error(key, value, "expected a list", source)
-        return tuple(_coerce(key, v, args[0], source) for v in value)
-    if isinstance(hint, type) and issubclass(hint, Enum):
-        try:
-            return hint(value)
-        except (ValueError, TypeError):  # TypeError: an unhashable value such as a list
-            allowed = ", ".join(m.value for m in hint)
-            raise _error(key, value, f"allowed: {allowed}", source) from None
-    raise _error(key, value, f"unsupported type {hint}", source)
-
-
-def _read_typed(key: str, value: Typed, hint: Any, source: str) -> Any:
-    """Text from the environment or ``--set`` read as the declared type; text that is not one is
-    refused by :func:`_coerce` with the text shown as typed."""
-    text = value.strip()
-    low = text.lower()
-    if hint is bool:
-        if low in _TRUE_TEXTS:
-            return True
-        if low in _FALSE_TEXTS:
-            return False
-        raise _error(key, str(value), "expected true or false", source)
-    if hint is int:
-        if _INT_TEXT.match(text) and len(text) <= 20:
-            return int(text, 10)
-        return str(value)  # refused below as "expected a whole number", shown as typed
-    if hint is float:
-        if low in _NONFINITE_TEXTS:
-            return float(low.replace(".", ""))  # refused below: "expected a finite number"
-        if _INT_TEXT.match(text) and len(text) <= 20:
-            return int(text, 10)  # the 2**53 bound below applies
-        if _FLOAT_TEXT.match(text) and len(text) <= 400:
-            return float(text)
-        return str(value)
-    if hint is str:
-        quoted = len(text) >= 2 and text[0] == text[-1] and text[0] in "'\""
-        return text[1:-1] if quoted else str(value)  # quotes as in YAML: name="0123" is 0123 too
-    if typing.get_origin(hint) is tuple or (isinstance(hint, type) and issubclass(hint, Enum)):
-        return value  # a list of text items, or a name
-    return _typed_mapping(value)
-
-
 def _source(value: Any, layer: str) -> str:
     """The layer, sharpened to the variable for the environment: ``environment variable SUPERVISE_X``."""
-    origin = _origin(value)
+    origin = origin_of(value)
     return f"environment variable {origin}" if origin and layer == "environment" else layer
 
 
@@ -555,13 +377,13 @@ def _plain_text(value: Any) -> Any:
 
 def _build_dataclass(cls: type, data: Mapping[str, Any], prefix: str, source: str) -> Any:
     if not isinstance(data, Mapping):
-        raise _error(prefix.rstrip(".") or "<top>", data, "expected a mapping of keys", source)
+        raise config_error(prefix.rstrip(".") or "<top>", data, "expected a mapping of keys", source)
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
     for key in data:
         if key not in known:
             allowed = ", ".join(sorted(known))
-            raise _error(f"{prefix}{key}", _plain_text(data[key]), f"unknown key; known keys: {allowed}",
+            raise config_error(f"{prefix}{key}", _plain_text(data[key]), f"unknown key; known keys: {allowed}",
                          _source(data[key], source))
     kwargs: dict[str, Any] = {}
     for name in known:
@@ -573,13 +395,13 @@ def _build_dataclass(cls: type, data: Mapping[str, Any], prefix: str, source: st
         where = _source(value, source)
         section = isinstance(hint, type) and dataclasses.is_dataclass(hint)
         if isinstance(value, Typed) and (section or name == "policy"):
-            value = _typed_mapping(value)  # a whole section in one value
+            value = typed_mapping(value)  # a whole section in one value
         if section:
             kwargs[name] = _build_dataclass(hint, {} if value is None else value, key + ".", where)
         elif name == "policy":
             kwargs[name] = _build_policy(value, key, where)
         else:
-            kwargs[name] = _coerce(key, value, hint, where)
+            kwargs[name] = coerce(key, value, hint, where)
     return cls(**kwargs)
 
 
@@ -588,18 +410,18 @@ def _build_policy(value: Any, key: str, source: str) -> dict[FailureClass, Class
     if value is None:
         return policy
     if not isinstance(value, Mapping):
-        raise _error(key, value, "expected a mapping from failure class to its policy", source)
+        raise config_error(key, value, "expected a mapping from failure class to its policy", source)
     for cls_name, entry in value.items():
         try:
             cls = FailureClass(cls_name)
         except (ValueError, TypeError):
             allowed = ", ".join(c.value for c in FailureClass if c is not FailureClass.COMPLETED)
-            raise _error(f"{key}.{cls_name}", entry, f"unknown failure class; allowed: {allowed}",
+            raise config_error(f"{key}.{cls_name}", entry, f"unknown failure class; allowed: {allowed}",
                          source) from None
         if isinstance(entry, str):  # shorthand: "segfault: stop"
             entry = {"action": entry}
         if entry is not None and not isinstance(entry, Mapping):
-            raise _error(f"{key}.{cls_name}", entry, "expected an action (restart | requeue | stop) or a "
+            raise config_error(f"{key}.{cls_name}", entry, "expected an action (restart | requeue | stop) or a "
                                                      "mapping like {action: restart, retries: 3}", source)
         base = _plain(policy[cls]) if cls in policy else {}
         merged = _deep_merge(base, entry or {})
@@ -692,69 +514,33 @@ def _check_placeholders(key: str, template: str) -> None:
                                          "such as --init_from=resume, given only when resuming)")
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (YAML keeps the last silently, so
-    a second ``policy:`` section would erase the first without a word), and refuses anchors and
-    aliases when the document is composed, before anything is built: a few lines of nested
-    aliases ("billion laughs") expand to gigabytes, and a config has no need of them."""
-
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
-        if isinstance(event, yaml.AliasEvent):
-            raise yaml.composer.ComposerError(None, None, f"alias *{event.anchor} not allowed in a config file "
-                                              "(write the value out)", event.start_mark)
-        anchor = getattr(event, "anchor", None)
-        if anchor is not None:
-            raise yaml.composer.ComposerError(None, None, f"anchor &{anchor} not allowed in a config file "
-                                              "(write the value out)", event.start_mark)
-        return super().compose_node(parent, index)
-
-
-def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: dict[Any, int] = {}
-    for key_node, _value in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} given twice (lines {seen[key] + 1} and {key_node.start_mark.line + 1})",
-                    key_node.start_mark)
-            seen[key] = key_node.start_mark.line
-        except TypeError:  # an unhashable key: construct_mapping says so
-            break
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
 def read_yaml(path: Path) -> dict[str, Any]:
     """Load a YAML config file, turning every failure into a one-line :class:`ConfigError`."""
     try:
         raw = Path(path).read_bytes()
     except OSError as exc:
-        raise _error("--config", str(path), f"cannot read the file ({exc.strerror or exc})") from None
+        raise config_error("--config", str(path), f"cannot read the file ({exc.strerror or exc})") from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = raw[:exc.start].count(b"\n") + 1
-        raise _error("--config", str(path), f"not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); "
+        raise config_error("--config", str(path), f"not UTF-8 text (byte 0x{raw[exc.start]:02x} on line {line}); "
                                             "save the file as UTF-8") from None
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        data = yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or getattr(exc, "reason", None) or "invalid YAML"
-        raise _error("--config", str(path), f"malformed YAML{where}: {problem}") from None
+        raise config_error("--config", str(path), f"malformed YAML{where}: {problem}") from None
     except RecursionError:
-        raise _error("--config", str(path), "malformed YAML: nested too deeply") from None
+        raise config_error("--config", str(path), "malformed YAML: nested too deeply") from None
     except (ValueError, OverflowError) as exc:  # a number PyYAML cannot build (over 4300 digits)
-        raise _error("--config", str(path), f"malformed YAML: {str(exc)[:100]}") from None
+        raise config_error("--config", str(path), f"malformed YAML: {str(exc)[:100]}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise _error("--config", str(path), "the file must hold a mapping of keys (key: value)")
+        raise config_error("--config", str(path), "the file must hold a mapping of keys (key: value)")
     return data
 
 
@@ -765,7 +551,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
         if not name.startswith(ENV_PREFIX) or name == "SUPERVISE_CONFIG" or name in NotifyConfig.ENV_VARS:
             continue
         dotted = name[len(ENV_PREFIX):].lower().replace("__", ".")
-        _set_dotted(out, dotted, Typed(raw, name), source="environment", shown=name)
+        set_dotted(out, dotted, Typed(raw, name), source="environment", shown=name)
     return out
 
 
@@ -786,9 +572,9 @@ def load_config(
     flags: dict[str, Any] = {k: v for k, v in (cli or {}).items() if v is not None}
     for item in sets:
         if "=" not in item:
-            raise _error("--set", item, "expected KEY=VALUE, e.g. budget.max_total_restarts=5")
+            raise config_error("--set", item, "expected KEY=VALUE, e.g. budget.max_total_restarts=5")
         key, _, raw = item.partition("=")
-        _set_dotted(flags, key.strip(), Typed(raw, f"--set {key.strip()}"), source="--set", shown=item)
+        set_dotted(flags, key.strip(), Typed(raw, f"--set {key.strip()}"), source="--set", shown=item)
     layers.append(("command line", flags))
 
     merged: dict[str, Any] = {}
