@@ -276,8 +276,7 @@ def _inside_key(outcome: Outcome, rule: StepRule | None) -> str | None:
 
 def _inside_where(outcome: Outcome) -> str | None:
     """Where inside a directory format the step was read, for the step's source."""
-    return {F.HF_TRAINER: "trainer_state.json", F.DCP: "DCP metadata", F.DEEPSPEED: "DeepSpeed tag",
-            F.LIGHTNING_DEEPSPEED: "DeepSpeed tag"}.get(outcome.format)
+    return F.step_where(outcome.format)
 
 
 def _accelerate_dir(path: str) -> bool:

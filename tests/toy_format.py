@@ -1,0 +1,73 @@
+"""A made-up checkpoint format, added the way docs/extending/checkpoint-format.md says: one module
+and one ``register`` call, no other file of the supervisor touched (tests/test_checkpoint_format_registry.py
+shows it works end to end).
+
+Layout of a ``.toy`` file::
+
+    b"TOYF"  | step: uint64 LE | length: uint32 LE | payload: length bytes | crc32(payload): uint32 LE
+
+L1: the sizes add up to the file size (a cut-short file is CORRUPT); L3: the CRC32 matches. The step
+is the header's. No commit marker (a single file).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+
+from supervisor.checkpoints.formats import FileContext, FileFormat, register, unregister
+from supervisor.checkpoints.outcome import Outcome, corrupt, valid
+
+NAME = "toy"
+MAGIC = b"TOYF"
+_HEADER = struct.Struct("<4sQI")  # magic, step, payload length
+_CRC = struct.Struct("<I")
+
+
+def encode(step: int, payload: bytes) -> bytes:
+    """The bytes of a whole toy checkpoint (what the training side would write)."""
+    return _HEADER.pack(MAGIC, step, len(payload)) + payload + _CRC.pack(zlib.crc32(payload))
+
+
+class ToyFormat(FileFormat):
+    name = NAME
+    suffixes = (".toy",)
+    step_where = "TOYF header"
+    unpickled = False
+
+    def detect(self, head: bytes, name: str) -> bool:
+        return head.startswith(MAGIC)
+
+    def validate(self, fd: int, size: int, ctx: FileContext) -> Outcome:
+        if size < _HEADER.size:
+            return corrupt(NAME, 1, f"truncated: {size} bytes, shorter than the {_HEADER.size}-byte header")
+        _, step, length = _HEADER.unpack(os.pread(fd, _HEADER.size, 0))
+        need = _HEADER.size + length + _CRC.size
+        if size != need:
+            return corrupt(NAME, 1, f"the header says {need} bytes, the file has {size}", embedded_step=step)
+        if ctx.max_level < 3 and not ctx.deep:
+            return valid(NAME, 1, "sizes add up", embedded_step=step)
+        payload = os.pread(fd, length, _HEADER.size)
+        (crc,) = _CRC.unpack(os.pread(fd, _CRC.size, _HEADER.size + length))
+        if zlib.crc32(payload) != crc:
+            return corrupt(NAME, 3, "payload CRC32 mismatch", embedded_step=step)
+        return valid(NAME, 3, f"{length} payload bytes, CRC32 match", embedded_step=step)
+
+    def written_to_the_end(self, fd: int, size: int) -> bool:
+        if size < _HEADER.size:
+            return False
+        _, _, length = _HEADER.unpack(os.pread(fd, _HEADER.size, 0))
+        return size >= _HEADER.size + length + _CRC.size
+
+
+FORMAT = ToyFormat()
+
+
+def install() -> None:
+    """The one line a real format adds to supervisor/checkpoints/formats/__init__.py."""
+    register(FORMAT)
+
+
+def uninstall() -> None:
+    unregister(NAME)
