@@ -18,7 +18,7 @@ import pytest
 
 from supervisor.checkpoints import find_resume_point, list_candidates, validate_checkpoint
 from supervisor.checkpoints import formats as F
-from supervisor.checkpoints.watch import written_to_the_end
+from supervisor.checkpoints.watch import DirWatcher, written_to_the_end
 from supervisor.states import Verdict
 from tests import toy_format as toy
 
@@ -87,6 +87,41 @@ def test_the_save_watch_waits_for_a_cut_short_file_of_a_registered_format(tmp_pa
     data = toy.encode(7, b"x" * 1000)
     assert written_to_the_end(str(_write(tmp_path / "step=7.toy", data)))
     assert not written_to_the_end(str(_write(tmp_path / "step=8.toy", data[:500])))
+
+
+def test_a_registered_directory_format_with_a_commit_marker(tmp_path: Path, toy_registered: None) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    committed = toy.write_dir(ckpt / "save-a", 10, shards=2)  # no step in the name: the marker says
+    never_committed = toy.write_dir(ckpt / "save-b", 20, shards=2, commit=False)
+
+    assert F.detect_dir(committed) == "toydir" and F.detect_dir(never_committed) == "toydir"
+    report = validate_checkpoint(committed)
+    assert report.ok and report.step == 10 and report.step_source == "TOYDIR marker", report.reason
+    (committed / "shard-1.toy").write_bytes(toy.encode(10, b"x" * 256)[:-3])
+    torn_shard = validate_checkpoint(committed)
+    assert torn_shard.verdict is Verdict.CORRUPT and "shard-1.toy" in torn_shard.reason
+    (committed / "shard-1.toy").write_bytes(toy.encode(10, b"x" * 256))
+
+    result = find_resume_point(ckpt, quarantine=True, quarantine_tag="t2", writers_alive=False)
+    assert result.path == str(committed) and result.step == 10, result.reason
+    assert [os.path.basename(q.path) for q in result.quarantined] == ["save-b"]
+    assert not never_committed.exists() and (committed / "shard-0.toy").exists()
+
+
+def test_the_save_watch_completes_a_directory_save_only_at_its_commit_marker(tmp_path: Path,
+                                                                            toy_registered: None) -> None:
+    watcher = DirWatcher(tmp_path)
+    watcher.poll(0.0)
+    done = toy.write_dir(tmp_path / "step-10", 10, shards=2, commit=False)
+    toy.write_dir(tmp_path / "step-20", 20, shards=2, commit=False)
+    first = watcher.poll(1.0)
+    assert first.in_flight
+    (done / toy.COMMIT).write_text("step 10\nshard-0.toy\nshard-1.toy\n")
+    second = watcher.poll(2.0)  # step-20 stopped changing without its marker: torn, not a save
+    third = watcher.poll(3.0)  # step-10 stopped changing with it: a save
+    completed = [c.path for a in (first, second, third) for c in a.completed]
+    assert completed == [str(done)] and not third.in_flight
 
 
 def test_unregistered_the_same_files_are_not_checkpoints(tmp_path: Path) -> None:

@@ -8,6 +8,9 @@ Layout of a ``.toy`` file::
 
 L1: the sizes add up to the file size (a cut-short file is CORRUPT); L3: the CRC32 matches. The step
 is the header's. No commit marker (a single file).
+
+And a made-up directory format, ``toydir``: ``shard-<rank>.toy`` files, then the commit marker
+``TOYDIR`` written last (``step N`` and one shard name a line). The step is the marker's.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from pathlib import Path
 
-from supervisor.checkpoints.formats import FileContext, FileFormat, register, unregister
-from supervisor.checkpoints.outcome import Outcome, corrupt, valid
+from supervisor.checkpoints.formats import DirContext, DirFormat, FileContext, FileFormat, register, unregister
+from supervisor.checkpoints.outcome import Outcome, corrupt, valid, worst
 
 NAME = "toy"
 MAGIC = b"TOYF"
@@ -63,11 +67,57 @@ class ToyFormat(FileFormat):
 
 FORMAT = ToyFormat()
 
+DIR_NAME = "toydir"
+COMMIT = "TOYDIR"
+
+
+def write_dir(path: Path, step: int, shards: int, *, commit: bool = True) -> Path:
+    """A toy directory checkpoint as its writer saves it: the shards, then the marker."""
+    path.mkdir()
+    names = [f"shard-{rank}.toy" for rank in range(shards)]
+    for rank, name in enumerate(names):
+        (path / name).write_bytes(encode(step, bytes([rank]) * 256))
+    if commit:
+        (path / COMMIT).write_text(f"step {step}\n" + "\n".join(names) + "\n")
+    return path
+
+
+class ToyDirFormat(DirFormat):
+    name = DIR_NAME
+    step_where = "TOYDIR marker"
+    commit_marker = COMMIT
+    nests = False
+
+    def detect(self, path: Path, names: frozenset[str]) -> bool:
+        return COMMIT in names or any(n.startswith("shard-") and n.endswith(".toy") for n in names)
+
+    def validate(self, path: str, ctx: DirContext) -> Outcome:
+        try:
+            with open(os.path.join(path, COMMIT), "rb") as handle:
+                words = handle.read(1 << 16).decode("ascii", "replace").split()
+        except FileNotFoundError:
+            return corrupt(DIR_NAME, 1, f"no {COMMIT} marker: the save was never committed")
+        if len(words) < 2 or words[0] != "step" or not words[1].isdigit():
+            return corrupt(DIR_NAME, 1, f"{COMMIT} marker unreadable")
+        step, shards = int(words[1]), words[2:]
+        missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
+        if missing:
+            return corrupt(DIR_NAME, 2, f"shard {missing[0]} named in {COMMIT} is missing", embedded_step=step)
+        bad = worst([ctx.member(os.path.join(path, s), s) for s in shards])
+        if bad is not None:
+            return bad.but(format=DIR_NAME, embedded_step=step)
+        return valid(DIR_NAME, 3, f"{len(shards)} shards intact", embedded_step=step)
+
+
+DIR_FORMAT = ToyDirFormat()
+
 
 def install() -> None:
-    """The one line a real format adds to supervisor/checkpoints/formats/__init__.py."""
+    """The lines a real format adds to supervisor/checkpoints/formats/__init__.py."""
     register(FORMAT)
+    register(DIR_FORMAT)
 
 
 def uninstall() -> None:
+    unregister(DIR_NAME)
     unregister(NAME)
