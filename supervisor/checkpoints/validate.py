@@ -1,9 +1,9 @@
 """The validation ladder for one path (file, directory or symlink) -> :class:`CheckpointReport`.
 
 L0 stat (dangling or escaping symlinks, empty files, NeMo "unfinished" markers) -> L1 framing
--> L2 index -> L3 inert pickle scan and embedded step vs name -> L4 CRC (``deep``). The format
-validators live in :mod:`.filecheck` and :mod:`.dircheck`; this module adds the rules that
-depend on the name and the surroundings.
+-> L2 index -> L3 inert pickle scan and embedded step vs name -> L4 CRC (``deep``). Each format's
+ladder lives in its module under supervisor/checkpoints/formats/, reached through :mod:`.filecheck`
+and :mod:`.dircheck`; this module adds the rules that depend on the name and the surroundings.
 """
 
 from __future__ import annotations

@@ -36,6 +36,8 @@ def register(fmt: FileFormat | DirFormat, *, before: str | None = None, fallback
     ``fallback``: a directory format that claims what no other does (there is one)."""
     if fmt.name in names():
         raise RegistryError(f"checkpoint format {fmt.name!r} is registered already")
+    if fallback and not isinstance(fmt, DirFormat):
+        raise RegistryError(f"only a directory format can be the fallback, not {fmt.name!r}")
     if isinstance(fmt, DirFormat):
         if fallback:
             _FALLBACK_DIR[:] = [fmt]
