@@ -44,6 +44,16 @@ def test_builtin_detection_precedence_is_the_documented_one() -> None:
                          "dcp", "lightning_deepspeed", "hf_trainer", "deepspeed", "directory")
 
 
+def test_a_format_goes_where_it_asks_in_the_precedence_and_only_once(toy_registered: None) -> None:
+    with pytest.raises(F.RegistryError):
+        F.register(toy.FORMAT)  # twice: refused, the first stays
+    F.unregister(toy.NAME)
+    with pytest.raises(F.RegistryError):
+        F.register(toy.FORMAT, before="no_such_format")
+    F.register(toy.FORMAT, before="torch_zip")
+    assert F.names()[:3] == ("safetensors", "toy", "torch_zip")
+
+
 def test_a_registered_format_is_detected_validated_and_its_step_read(tmp_path: Path, toy_registered: None) -> None:
     whole = _write(tmp_path / "step=100.toy", toy.encode(100, b"weights" * 100))
     alias = _write(tmp_path / "last.toy", toy.encode(150, b"weights" * 100))
