@@ -16,6 +16,28 @@ from .limits import MAX_STEP
 
 # Suffixes of single-file checkpoints we look at. Directories are judged by content, not suffix.
 CHECKPOINT_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".safetensors", ".tar", ".pkl", ".pickle")
+_suffixes: tuple[str, ...] = CHECKPOINT_SUFFIXES  # plus those of formats registered later
+
+
+def add_checkpoint_suffixes(suffixes: tuple[str, ...]) -> None:
+    """Names ending so are checkpoint candidates too (a registered format's own suffixes:
+    supervisor/checkpoints/formats/registry.py)."""
+    global _suffixes
+    new = tuple(s.lower() for s in suffixes if s and s.lower() not in _suffixes)
+    if new:
+        _suffixes = _suffixes + new
+        parse_name.cache_clear()
+        step_from_name.cache_clear()
+
+
+def remove_checkpoint_suffixes(suffixes: tuple[str, ...]) -> None:
+    """Undo :func:`add_checkpoint_suffixes` (the built-in suffixes stay)."""
+    global _suffixes
+    drop = {s.lower() for s in suffixes} - set(CHECKPOINT_SUFFIXES)
+    if drop & set(_suffixes):
+        _suffixes = tuple(s for s in _suffixes if s not in drop)
+        parse_name.cache_clear()
+        step_from_name.cache_clear()
 
 QUARANTINE_PREFIX = "CORRUPT_"
 # A quarantine batch's manifest: the sidecars of the files beyond the batch's first few hundred,
@@ -70,7 +92,7 @@ class NameInfo:
 def strip_suffix(name: str) -> str:
     """``epoch=3-step=9500.ckpt`` -> ``epoch=3-step=9500``; names without a known suffix unchanged."""
     lowered = name.lower()
-    for suffix in CHECKPOINT_SUFFIXES:
+    for suffix in _suffixes:
         if lowered.endswith(suffix) and len(name) > len(suffix):
             return name[: -len(suffix)]
     return name
@@ -187,7 +209,7 @@ def is_ignored_name(name: str) -> bool:
 
 
 def has_checkpoint_suffix(name: str) -> bool:
-    return name.lower().endswith(CHECKPOINT_SUFFIXES)
+    return name.lower().endswith(_suffixes)
 
 
 def _int_or_none(match: re.Match[str] | None) -> int | None:

@@ -1,9 +1,9 @@
 """The validation ladder for one path (file, directory or symlink) -> :class:`CheckpointReport`.
 
 L0 stat (dangling or escaping symlinks, empty files, NeMo "unfinished" markers) -> L1 framing
--> L2 index -> L3 inert pickle scan and embedded step vs name -> L4 CRC (``deep``). The format
-validators live in :mod:`.filecheck` and :mod:`.dircheck`; this module adds the rules that
-depend on the name and the surroundings.
+-> L2 index -> L3 inert pickle scan and embedded step vs name -> L4 CRC (``deep``). Each format's
+ladder lives in its module under supervisor/checkpoints/formats/, reached through :mod:`.filecheck`
+and :mod:`.dircheck`; this module adds the rules that depend on the name and the surroundings.
 """
 
 from __future__ import annotations
@@ -276,8 +276,7 @@ def _inside_key(outcome: Outcome, rule: StepRule | None) -> str | None:
 
 def _inside_where(outcome: Outcome) -> str | None:
     """Where inside a directory format the step was read, for the step's source."""
-    return {F.HF_TRAINER: "trainer_state.json", F.DCP: "DCP metadata", F.DEEPSPEED: "DeepSpeed tag",
-            F.LIGHTNING_DEEPSPEED: "DeepSpeed tag"}.get(outcome.format)
+    return F.step_where(outcome.format)
 
 
 def _accelerate_dir(path: str) -> bool:

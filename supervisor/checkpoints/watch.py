@@ -28,7 +28,6 @@ from typing import Any
 
 from ..commit_marker import MARKER, parse_aside_name
 from . import formats as F
-from .filecheck import torch_tail_ok
 from .fsio import regular_fd
 from .naming import final_name_of_temp, has_checkpoint_suffix, is_temp_name, parse_name
 
@@ -208,29 +207,24 @@ def _dir_snap(path: str) -> tuple[_Snap, str | None]:
         names = set(os.listdir(path))
     except OSError:
         names = set()
-    fmt = F.detect_dir(path)
-    committed = True
-    if MARKER in names:
-        pass  # a sharded save's commit marker: written last, after every rank's files
-    elif fmt == F.DCP:
-        committed = ".metadata" in names or any(n.startswith("__") and n.endswith(".metadata") for n in names)
-    elif fmt == F.HF_TRAINER:
-        committed = "trainer_state.json" in names
+    # a sharded save's commit marker is written last, after every rank's files; else the format's own
+    fmt = F.dir_format(F.detect_dir(path))
+    committed = MARKER in names or fmt is None or fmt.committed(frozenset(names))
     return _Snap(total, newest, ino, committed), temp
 
 
 def written_to_the_end(path: str) -> bool:
-    """False when the file's own format says it is cut short: empty, or a torch zip without its
-    trailer (torch writes the central directory last). Other formats and directories: True (the
-    watch cannot tell; validation at the resume point still can)."""
+    """False when the file's own format says it is cut short: empty, or (the format's
+    ``written_to_the_end``) a torch zip without its trailer (torch writes the central directory
+    last). Other formats and directories: True (the watch cannot tell; validation at the resume
+    point still can)."""
     try:
         with regular_fd(path) as (fd, st):
             if st.st_size == 0:
                 return False
             head = os.pread(fd, F.HEAD_BYTES, 0)
-            if F.sniff_bytes(head, os.path.basename(path)) != F.TORCH_ZIP:
-                return True
-            return torch_tail_ok(fd, st.st_size)
+            fmt = F.file_format(F.sniff_bytes(head, os.path.basename(path)))
+            return fmt is None or fmt.written_to_the_end(fd, st.st_size)
     except OSError:
         return True
 
