@@ -177,11 +177,13 @@ def test_no_import_cycles_at_import_time() -> None:
 # The core: the run loop, the decisions, checkpoints, the Slurm facade and the leaves. The add-ons
 # (docs/architecture.md, "Core and add-ons") are features the core must run without: the report,
 # diagnose, the GPU check, the node ledger and slow-node finder, submit and its templates, notify,
-# the manifest and the training-side integrations. The CLI and the training side are neither.
+# metrics, the manifest, the demo and the training-side integrations. The CLI and the training side
+# are neither. The core reaches an add-on only through a hook (supervisor/run/hooks.py) or a sink
+# (supervisor/sinks.py) that the composition root (supervisor/cli/run_cmd.py) wires.
 ADD_ONS = ("supervisor.report", "supervisor.diagnose", "supervisor.health", "supervisor.nodes",
            "supervisor.slownode", "supervisor.resubmit", "supervisor.templates", "supervisor.notify",
            "supervisor.manifest", "supervisor.integrations", "supervisor.run.node_health",
-           "supervisor.run.gpu_preflight", "supervisor.run.provenance",
+           "supervisor.run.gpu_preflight", "supervisor.run.provenance", "supervisor.health_probe", "supervisor.demo",
            "supervisor.sbatch_init", "supervisor.metrics", "supervisor.slurm.accounting")
 
 # Where the core still reaches an add-on, each to be inverted with a hook (supervisor/run/hooks.py)
