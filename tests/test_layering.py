@@ -178,26 +178,19 @@ def test_no_import_cycles_at_import_time() -> None:
 # The core: the run loop, the decisions, checkpoints, the Slurm facade and the leaves. The add-ons
 # (docs/architecture.md, "Core and add-ons") are features the core must run without: the report,
 # diagnose, the GPU check, the node ledger and slow-node finder, submit and its templates, notify,
-# the manifest and the training-side integrations. The CLI and the training side are neither.
+# metrics, the manifest, the demo and the training-side integrations. The CLI and the training side
+# are neither. The core reaches an add-on only through a hook (supervisor/run/hooks.py) or a sink
+# (supervisor/sinks.py) that the composition root (supervisor/cli/run_cmd.py) wires.
 ADD_ONS = ("supervisor.report", "supervisor.diagnose", "supervisor.health", "supervisor.nodes",
            "supervisor.slownode", "supervisor.resubmit", "supervisor.templates", "supervisor.notify",
            "supervisor.manifest", "supervisor.integrations", "supervisor.run.node_health",
+           "supervisor.run.gpu_preflight", "supervisor.run.provenance", "supervisor.health_probe", "supervisor.demo",
            "supervisor.sbatch_init", "supervisor.metrics", "supervisor.slurm.accounting")
 
-# Where the core still reaches an add-on today, each to be inverted with a hook or a sink (the
-# add-on registers itself; the core calls what was registered). The list may only shrink: a new
-# edge fails below, and so does an edge listed here that no longer exists.
-KNOWN_CORE_TO_ADD_ON = {
-    ("supervisor.run.context", "supervisor.nodes"): "note_node opens the node ledger",
-    ("supervisor.run.loop", "supervisor.health"): "the GPU check after a loss anomaly",
-    ("supervisor.run.loop", "supervisor.manifest"): "the manifest thread at launch",
-    ("supervisor.run.loop", "supervisor.run.node_health"): "failures and exclusions into the node ledger",
-    ("supervisor.run.monitor", "supervisor.nodes"): "loss anomaly and slow node records",
-    ("supervisor.run.monitor", "supervisor.slownode"): "the slow-node finder fed from heartbeats",
-    ("supervisor.run.start", "supervisor.health"): "the GPU preflight",
-    ("supervisor.run.start", "supervisor.manifest"): "the child's python for the GPU preflight",
-    ("supervisor.run.start", "supervisor.nodes"): "the GPU preflight's record",
-}
+# Where the core still reaches an add-on, each to be inverted with a hook (supervisor/run/hooks.py)
+# or a sink (supervisor/sinks.py): the add-on implements it, the composition root (cli/run_cmd.py)
+# wires it, the core calls what it was given. Empty: the list may only shrink, and a new edge fails.
+KNOWN_CORE_TO_ADD_ON: dict[tuple[str, str], str] = {}
 
 
 def is_add_on(name: str) -> bool:
@@ -224,11 +217,12 @@ def test_the_core_never_imports_an_add_on_lazy_imports_included() -> None:
 
 
 def test_lazy_imports_are_read() -> None:
-    # A function-level import is an import: supervisor/run/start.py reaches the GPU check only inside
-    # gpu_preflight(), and that edge must be seen.
-    start = all_modules()["supervisor.run.start"]
-    assert "supervisor.health" in imports_of(start)
-    assert "supervisor.health" not in imports_of(start, top_level_only=True)
+    # A function-level import is an import: supervisor/cli/run_cmd.py reaches notify and the add-ons
+    # only inside its functions, and those edges must be seen (a core module doing the same would fail).
+    run_cmd = all_modules()["supervisor.cli.run_cmd"]
+    for add_on in ("supervisor.notify", "supervisor.run.node_health", "supervisor.run.gpu_preflight"):
+        assert add_on in imports_of(run_cmd) and add_on not in imports_of(run_cmd, top_level_only=True)
+        assert is_add_on(add_on)
     assert all(is_core(m) for m in ("supervisor.run.loop", "supervisor.run.stop", "supervisor.checkpoints.resume",
                                     "supervisor.slurm.requeue_policy", "supervisor.stall"))
 

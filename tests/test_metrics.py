@@ -19,7 +19,7 @@ from supervisor.metrics.model import EventWindow, run_metrics
 from supervisor.metrics.render import otel_record, otel_resource, prometheus_text
 from supervisor.metrics.sink import MetricsSink, metrics_sink
 from supervisor.report.model import fold
-from supervisor.sinks import deliver
+from supervisor.sinks import deliver, seed
 
 
 def ev(event: str, ts: float, **fields: object) -> Event:
@@ -107,9 +107,12 @@ def test_an_otel_record_carries_the_event_and_the_run_totals_after_it() -> None:
 
 
 def _sink(tmp_path: Path, **cfg: object) -> tuple[MetricsSink, EventLog]:
+    """A sink seeded as the run loop seeds it: with the log read once (RunContext.begin)."""
     run_dir = tmp_path / "run"
     log = EventLog(run_dir / "supervisor" / "events.jsonl")
-    return MetricsSink(MetricsConfig(**cfg), run_dir, log.path, "r", "n1"), log  # type: ignore[arg-type]
+    sink = MetricsSink(MetricsConfig(**cfg), run_dir, "r", "n1")  # type: ignore[arg-type]
+    seed([sink], list(log.read().events))
+    return sink, log
 
 
 def test_the_sink_counts_an_earlier_jobs_history_once_and_writes_the_snapshot_before_a_launch(tmp_path: Path) -> None:
@@ -141,7 +144,7 @@ def test_formats_left_out_are_not_written_and_disabled_metrics_make_no_sink(tmp_
     supervisor_dir = tmp_path / "run" / "supervisor"
     assert (supervisor_dir / "metrics.json").is_file() and not (supervisor_dir / "metrics.prom").exists()
     assert sink.otel_path == Path("/nonexistent-dir/r.jsonl")  # cannot be written: a warning, never an error
-    assert metrics_sink(MetricsConfig(enabled=False), tmp_path, tmp_path / "e", "r", "h") is None
+    assert metrics_sink(MetricsConfig(enabled=False), tmp_path, "r", "h") is None
 
 
 def test_a_sink_that_raises_does_not_stop_the_others() -> None:
@@ -237,7 +240,7 @@ def test_the_hf_callback_logs_them_through_the_trainers_loggers(tmp_path: Path, 
 
 
 def test_a_killed_supervisors_history_is_counted_as_the_whole_log_would_be(tmp_path: Path) -> None:
-    """The writer parses only the first and last of each run of progress lines: the steps an attempt
+    """The window keeps only the first and last progress event of an attempt: the steps an attempt
     with no attempt_end reached (its supervisor was killed) still come from the last one."""
     killed = [e for e in attempt(1, 1, "native_crash", resume=None, last=30, saves=(10, 20))
               if e.event != "attempt_end"]
@@ -257,3 +260,40 @@ def test_a_killed_supervisors_history_is_counted_as_the_whole_log_would_be(tmp_p
     whole = run_metrics(read_events(run_dir / "supervisor" / "events.jsonl").events)
     assert whole.steps_lost == 10  # reached 30, resumed from 20
     assert client.restart_metrics(run_dir) == {k: v for k, v in whole.as_numbers().items()}
+
+
+def test_the_run_hands_the_sink_its_history_from_the_one_read_of_the_log(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """An earlier job's events are counted in the snapshot the next job's training reads, and the log
+    is read once, by the run loop at its start (RunContext.begin): the sink is seeded from that read."""
+    from fakes import ChildScript, FakeChannel, FakeClock, FakeSlurm, FakeStarter, FakeWaker
+
+    from supervisor.run import Runner
+
+    events = crashed_preempted_completed()
+    run_dir = tmp_path / "run"
+    earlier = EventLog(run_dir / "supervisor" / "events.jsonl")
+    for e in events[:[e.event for e in events].index("run_end") + 1]:  # job 1: a crash, then a preemption
+        earlier.emit(e.event, **e.fields)
+    earlier.close()
+    reads: list[Path] = []
+    real_read = EventLog.read
+    monkeypatch.setattr(EventLog, "read", lambda self: reads.append(self.path) or real_read(self))
+
+    clock = FakeClock()
+    channel = FakeChannel()
+    channel.clock = clock
+    (run_dir / "checkpoints").mkdir(parents=True)
+    done = ChildScript([(0.1, "msg", "heartbeat", {"step": 41}), (0.2, "msg", "done", {}), (0.3, "exit", 0)])
+    cfg = load_config(None, environ={}, cli={"run_dir": str(run_dir)})
+    runner = Runner(cfg, ["python3", "train.py"], environ={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, echo=False,
+                    clock=clock, waker=FakeWaker(clock, None),
+                    start_child=FakeStarter([done], clock, channel, run_dir / "checkpoints"),
+                    slurm=FakeSlurm(clock, None), channel=channel)
+    sink = MetricsSink(MetricsConfig(), run_dir, "r", "n1")
+    runner.ctx.sinks.append(sink)
+    assert runner.run().exit_code == 0
+    assert sink.flush(10)
+    assert reads == [run_dir / "supervisor" / "events.jsonl"]  # once, by the loop
+    numbers = client.restart_metrics(run_dir)
+    assert (numbers["attempts"], numbers["restarts"], numbers["preemptions"], numbers["failures"]) == (3, 1, 1, 1)

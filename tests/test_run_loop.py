@@ -15,6 +15,9 @@ from typing import Any
 
 from supervisor.config import load_config
 from supervisor.run import Runner
+from supervisor.run.gpu_preflight import GpuPreflight
+from supervisor.run.hooks import AddOn
+from supervisor.run.node_health import NodeHealth
 from supervisor.run.stop import UNCHANGED_EXIT_WAIT
 from supervisor.states import RunOutcome
 
@@ -26,7 +29,9 @@ TERM, KILL = signal.SIGTERM, signal.SIGKILL
 
 def make(tmp_path: Path, scripts: list[ChildScript], *, signals: list[tuple[float, int]] | None = None,
          slurm_record: Any = None, slurm_answers: bool = True, job_id: str | None = None,
-         sets: tuple[str, ...] = ()) -> tuple[Runner, dict[str, Any]]:
+         sets: tuple[str, ...] = (), add_ons: list[AddOn] | None = None) -> tuple[Runner, dict[str, Any]]:
+    """The loop on fakes, with the add-ons of a full run but the manifest (its probes start real
+    interpreters) unless ``add_ons`` says otherwise."""
     clock = FakeClock()
     waker = FakeWaker(clock, signals)
     channel = FakeChannel()
@@ -42,8 +47,11 @@ def make(tmp_path: Path, scripts: list[ChildScript], *, signals: list[tuple[floa
     cfg = load_config(None, environ={}, cli={"run_dir": str(run_dir)},
                       sets=("policy.native_crash.backoff=2", "preemption.margin=3",
                             f"nodes.ledger={tmp_path / 'nodes.jsonl'}", *sets))
+    if add_ons is None:
+        nodes = NodeHealth()
+        add_ons = [GpuPreflight(record=nodes.note), nodes]
     runner = Runner(cfg, ["python3", "train.py"], environ=env, cwd=tmp_path, echo=False, clock=clock,
-                    waker=waker, start_child=starter, slurm=slurm, channel=channel, manifests=False)
+                    waker=waker, start_child=starter, slurm=slurm, channel=channel, add_ons=add_ons)
     return runner, {"clock": clock, "waker": waker, "channel": channel, "starter": starter, "slurm": slurm,
                     "run_dir": run_dir, "ckpt": ckpt}
 

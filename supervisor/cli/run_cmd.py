@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,6 +13,9 @@ from ..config import load_config
 from ..errors import UsageError
 from .checkpoint_cmds import parse_safe_globals, safe_global_option
 from .common import handle_errors
+
+if TYPE_CHECKING:
+    from ..run.hooks import AddOn
 
 
 @click.command("run", context_settings={"ignore_unknown_options": False})
@@ -65,13 +69,26 @@ def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpo
     from ..notify import sink_for
     from ..run import Runner
 
-    runner = Runner(cfg, list(command), echo=not quiet, sinks=[sink_for(cfg.notify)])
-    sink = metrics_sink(cfg.metrics, runner.paths.run_dir, runner.paths.events, runner.ctx.layout.name,
-                        runner.ctx.host)
+    # The composition root: the run loop imports no add-on and no sink; they are given to it here.
+    runner = Runner(cfg, list(command), echo=not quiet, sinks=[sink_for(cfg.notify)], add_ons=standard_add_ons())
+    sink = metrics_sink(cfg.metrics, runner.paths.run_dir, runner.ctx.layout.name, runner.ctx.host)
     if sink is not None:
-        runner.ctx.sinks.append(sink)  # fed by RunContext.emit (supervisor/sinks.py); the loop imports no sink
+        # fed by RunContext.emit (supervisor/sinks.py), seeded with the run's history when the loop reads it
+        runner.ctx.sinks.append(sink)
     result = runner.run()
     sys.exit(result.exit_code)
+
+
+def standard_add_ons() -> list[AddOn]:
+    """The add-ons of a full ``supervise run``, reached through the hooks of supervisor/run/hooks.py:
+    the manifest (first: teardown lets its probes land before the others), the GPU preflight
+    (recording its verdicts in the node ledger) and the node-health ledger with the slow-node finder."""
+    from ..run.gpu_preflight import GpuPreflight
+    from ..run.node_health import NodeHealth
+    from ..run.provenance import ManifestWriter
+
+    nodes = NodeHealth()
+    return [ManifestWriter(), GpuPreflight(record=nodes.note), nodes]
 
 
 def register(group: click.Group) -> None:

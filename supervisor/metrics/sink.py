@@ -4,9 +4,11 @@ to date from a thread of its own.
 ``accept`` only queues the event, so the run loop never waits for a disk, with two exceptions where
 waiting is the point: a ``resume_point`` (written right before a launch: the training reads the
 snapshot at its start and must find itself counted) and a ``run_end`` (the process exits next).
-Both waits are bounded. The history of earlier jobs of the run is read once, on the writer's
-thread as soon as the sink is made, from the event log as it was then; every event after that comes
-through ``accept``, so nothing is counted twice.
+Both waits are bounded. The history of earlier jobs of the run is never read from the file here:
+the run loop reads the log once at its start (the source of its in-memory ledger) and hands those
+events to :meth:`MetricsSink.seed` (``RunContext.begin``, ``supervisor/sinks.py``), before it
+records anything; they are folded on the writer's thread, and every event after that comes through
+``accept``, so nothing is counted twice.
 
 Files (paths in ``metrics.*`` of the config, relative to the run directory):
 
@@ -25,10 +27,12 @@ import logging
 import os
 import re
 import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import MetricsConfig
-from ..events import Ev, Event, parse_line
+from ..events import Ev, Event
 from ..private import GROUP_READ, append_fd, write_atomic
 from .model import EventWindow, RunMetrics, run_metrics
 from .render import OTEL_EVENTS, otel_record, otel_resource, prometheus_text, snapshot_json
@@ -43,7 +47,6 @@ WAIT_BEFORE_LAUNCH_S = 5.0  # at a resume point: the files are current before th
 WAIT_AT_RUN_END_S = 2.0  # at run_end: the last numbers reach the files before the process exits
 _WAITS = {Ev.RESUME_POINT.value: WAIT_BEFORE_LAUNCH_S, Ev.RUN_END.value: WAIT_AT_RUN_END_S}
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
-_PROGRESS_MARK = b'"event":"progress"'  # as events.Event.to_json writes it
 
 
 def file_name_part(name: str) -> str:
@@ -51,30 +54,31 @@ def file_name_part(name: str) -> str:
     return _UNSAFE_NAME.sub("_", name)[:100] or "run"
 
 
+@dataclass(frozen=True)
+class _History:
+    """The run's events before this job, queued for the writer's thread ahead of the first event."""
+
+    events: Sequence[Event]
+
+
 class MetricsSink:
     """Receives the run's events and writes the metrics files (see the module docstring)."""
 
-    def __init__(self, cfg: MetricsConfig, run_dir: Path, events_path: Path, name: str, host: str) -> None:
+    def __init__(self, cfg: MetricsConfig, run_dir: Path, name: str, host: str) -> None:
         self.run_dir = Path(run_dir)
         self.name = name
         self.snapshot_path = self.run_dir / "supervisor" / SNAPSHOT_NAME
         self.prometheus_path = self._resolve(cfg.prometheus_file) if "prometheus" in cfg.formats else None
         self.otel_path = self._resolve(cfg.otel_file) if "otel" in cfg.formats else None
         self._resource = otel_resource(name, str(self.run_dir), host)
-        self._events_path = Path(events_path)
-        try:
-            self._history_bytes = os.stat(self._events_path).st_size  # what earlier jobs wrote
-        except OSError:
-            self._history_bytes = 0
         self._window = EventWindow()
         self._cond = threading.Condition()
-        self._pending: collections.deque[Event] = collections.deque()
+        self._pending: collections.deque[Event | _History] = collections.deque()
         self._received = 0  # events accepted
         self._done = 0  # events written out
         self._otel_fd = -1
         self._last_written: tuple[str, str] | None = None
         self._warned: set[str] = set()
-        # Started now: the history is read while the supervisor sets up, before the first resume point.
         self._thread = threading.Thread(target=self._work, name="supervise-metrics", daemon=True)
         self._thread.start()
 
@@ -95,6 +99,14 @@ class MetricsSink:
             if wait is not None:
                 self._cond.wait_for(lambda: self._done >= ticket, timeout=wait)
 
+    def seed(self, history: Sequence[Event]) -> None:
+        """The run's events before this job, as the run loop read them once at its start (and folded
+        into its ledger): counted on the writer's thread, never read from the file again. Returns at
+        once; the list is not copied (the loop keeps no other use for it)."""
+        with self._cond:
+            self._pending.append(_History(history))
+            self._cond.notify_all()
+
     def flush(self, timeout: float = WAIT_AT_RUN_END_S) -> bool:
         """Wait until every accepted event is written; False when the time ran out."""
         with self._cond:
@@ -104,23 +116,32 @@ class MetricsSink:
     # the writer's thread --------------------------------------------------------------------------
 
     def _work(self) -> None:
-        try:
-            for event in self._read_history():
-                self._window.add(event)
-        except Exception as exc:  # noqa: BLE001 - counted from now on instead
-            self._warn("history", f"metrics: cannot read the run's earlier events ({exc}); counting from now")
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: bool(self._pending))
-                batch = list(self._pending)
+                items = list(self._pending)
                 self._pending.clear()
-            try:
-                self._write(batch)
-            except Exception as exc:  # noqa: BLE001 - metrics are advice; the writer goes on
-                self._warn("bug", f"metrics writer failed: {type(exc).__name__}: {exc}")
+            batch: list[Event] = []
+            for item in items:
+                if isinstance(item, _History):  # seeded before the first event: in order
+                    self._fold_history(item.events)
+                else:
+                    batch.append(item)
+            if batch:
+                try:
+                    self._write(batch)
+                except Exception as exc:  # noqa: BLE001 - metrics are advice; the writer goes on
+                    self._warn("bug", f"metrics writer failed: {type(exc).__name__}: {exc}")
             with self._cond:
                 self._done += len(batch)
                 self._cond.notify_all()
+
+    def _fold_history(self, events: Sequence[Event]) -> None:
+        try:
+            for event in events:
+                self._window.add(event)  # the window keeps what the fold needs (model.EventWindow)
+        except Exception as exc:  # noqa: BLE001 - counted from now on instead
+            self._warn("history", f"metrics: cannot count the run's earlier events ({exc}); counting from now")
 
     def _write(self, batch: list[Event]) -> None:
         lines: list[bytes] = []
@@ -136,43 +157,6 @@ class MetricsSink:
             self._append_otel(line)
         if any(e.event == Ev.RUN_END.value for e in batch):
             self._close_otel()
-
-    def _read_history(self) -> list[Event]:
-        if not self._history_bytes:
-            return []
-        try:
-            with open(self._events_path, "rb") as fh:
-                data = fh.read(self._history_bytes)
-        except OSError as exc:
-            self._warn("history", f"metrics: cannot read the run's earlier events ({exc}); counting from now")
-            return []
-        events: list[Event] = []
-
-        def take(raw: bytes) -> None:
-            event = parse_line(raw.decode("utf-8", errors="replace"))
-            if event is not None:
-                events.append(event)
-
-        # Of each run of sampled progress lines only the first and the last are parsed: the window
-        # keeps no more of them (model.EventWindow), and a long run's log is mostly progress.
-        newest: bytes | None = None
-        in_run = False
-        for raw in data.splitlines():
-            if _PROGRESS_MARK in raw:
-                if in_run:
-                    newest = raw
-                else:
-                    take(raw)
-                    in_run = True
-                continue
-            if newest is not None:
-                take(newest)
-                newest = None
-            in_run = False
-            take(raw)
-        if newest is not None:
-            take(newest)
-        return events
 
     def _write_files(self, metrics: RunMetrics) -> None:
         snapshot = snapshot_json(metrics, self.name)
@@ -215,8 +199,8 @@ class MetricsSink:
             log.warning("%s", message)
 
 
-def metrics_sink(cfg: MetricsConfig, run_dir: Path, events_path: Path, name: str, host: str) -> MetricsSink | None:
+def metrics_sink(cfg: MetricsConfig, run_dir: Path, name: str, host: str) -> MetricsSink | None:
     """The sink for this run, or None when metrics are off (``metrics.enabled: false``)."""
     if not cfg.enabled:
         return None
-    return MetricsSink(cfg, run_dir, events_path, name, host)
+    return MetricsSink(cfg, run_dir, name, host)

@@ -37,10 +37,9 @@ class Peers:
 
 @dataclass
 class HealthSigns:
-    """What the attempt showed about its nodes: a slowdown, loss anomalies, nodes to avoid."""
+    """What the attempt showed about its nodes: a slowdown, nodes to avoid."""
 
     slowdown_active: bool = False
-    loss_anomalies: list[str] = field(default_factory=list)  # kinds (nan/inf/spike): gpu_check.after_loss_anomaly
     exclude: set[str] = field(default_factory=set)  # nodes to keep away from on a requeue (slow node, failed GPU)
 
 

@@ -13,7 +13,7 @@ from ..ledger import Ledger
 from ..preemption import SaveHistory
 from ..redact import redact_value
 from ..signals import signal_number
-from ..sinks import Sink, deliver
+from ..sinks import Sink, deliver, seed
 from ..slurm import SlurmEnv
 from .layout import RunLayout
 from .seams import Channel, ChildStarter, Clock, SlurmView, Waker
@@ -47,8 +47,6 @@ class RunContext:
     interrupts: int = 0
     notice_signals: frozenset[int] = field(default_factory=frozenset)
     stall: Any = None  # supervisor.stall.StallTimeout for the whole run (what it learned survives restarts)
-    ledger: Any = None  # supervisor.nodes.NodeLedger, opened on first use
-    ledger_writes: list[Any] = field(default_factory=list)  # background appends, joined (bounded) at teardown
     # The run's save durations, seeded from the log once at start and kept up to date by emit(): a
     # notice is arbitrated from memory, never by re-reading a log that grows with the run's age.
     save_history: SaveHistory | None = None
@@ -95,17 +93,12 @@ class RunContext:
         if as_read is not None:
             self.history.apply(as_read)
 
-    def note_node(self, record: Any) -> None:
-        """Add a record to the node health ledger, on a background thread (never waits, never raises)."""
-        try:
-            if self.ledger is None:
-                from ..nodes import NodeLedger, ledger_path
-
-                self.ledger = NodeLedger(ledger_path(self.cfg.nodes, self.environ), self.cfg.nodes.max_bytes)
-            self.ledger_writes = [t for t in self.ledger_writes if t.is_alive()]
-            self.ledger_writes.append(self.ledger.append_in_background(record))
-        except Exception as exc:  # noqa: BLE001 - the ledger is advice
-            log.warning("node ledger: %s", exc)
+    def begin(self, events: list[Any]) -> None:
+        """The run's log, read once at run start: the in-memory ledger and save history are folded
+        from it, and the sinks that count earlier jobs (metrics) are handed the same events, so
+        nothing reads the file again."""
+        self.seed_save_history(events)
+        seed(self.sinks, events)
 
     def seed_save_history(self, events: list[Any]) -> None:
         """Start the in-memory save history and ledger from the log read once at run start."""

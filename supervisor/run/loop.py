@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -27,7 +26,6 @@ from ..errors import ExitCode, UsageError
 from ..events import Ev, EventLog
 from ..failures import classify
 from ..ledger import newest_save
-from ..health import after_loss_anomaly
 from ..lock import RunLock
 from ..preemption import decide_requeue
 from ..signals import SignalInbox, signal_number
@@ -41,13 +39,13 @@ from ..states import Action, FailureClass, RunOutcome
 from . import notice as notices
 from .attempt import AttemptState
 from .context import EventSink, RunContext
+from .hooks import AddOn, AddOns
 from .judge import AttemptFacts, AttemptVerdict, child_exit_text, failure_step, judge_attempt
 from .layout import child_plan, layout_for
 from .monitor import monitor
-from .node_health import note_failure, with_ledger_exclusions
 from .seams import BackgroundSlurm, ChildHandle, ChildStarter, Clock, InboxWaker, SlurmView, SupervisorClock, Waker
 from .seams import start_process
-from .start import check_durable_history, gpu_preflight, start_state
+from .start import check_durable_history, start_state
 from .stop import CauseKind
 
 log = logging.getLogger("supervisor.run")
@@ -67,13 +65,15 @@ class Runner:
 
     ``clock``, ``waker``, ``start_child``, ``slurm`` and ``channel`` are the seams; left out, the
     real ones are used (the supervisor's monotonic clock, the signal inbox, real processes, Slurm's
-    CLI on a worker thread, the UDP control channel). ``manifests``: write provenance per attempt."""
+    CLI on a worker thread, the UDP control channel). ``add_ons``: what the run reaches through the
+    hooks of :mod:`.hooks` (the GPU check, the node ledger, the manifest); none by default, and the
+    loop runs the same without them (``supervisor/cli/run_cmd.py`` gives a full run its add-ons)."""
 
     def __init__(self, cfg: SupervisorConfig, argv: Sequence[str], *, environ: Mapping[str, str] | None = None,
                  cwd: Path | None = None, echo: bool = True, clock: Clock | None = None,
                  waker: Waker | None = None, start_child: ChildStarter | None = None,
-                 slurm: SlurmView | None = None, channel: Any = None, manifests: bool = True,
-                 sinks: Sequence[EventSink] = ()) -> None:
+                 slurm: SlurmView | None = None, channel: Any = None, sinks: Sequence[EventSink] = (),
+                 add_ons: Sequence[AddOn] = ()) -> None:
         if not argv:
             raise UsageError("missing the training command after '--' (e.g. supervise run -- python train.py)")
         env = dict(os.environ if environ is None else environ)
@@ -88,7 +88,7 @@ class Runner:
             waker = InboxWaker(self._inbox)
         self._own_channel = channel is None
         self._server: ControlServer | None = None  # the channel run() opened (own channel); teardown closes it
-        self._manifests = manifests
+        self.add_ons = AddOns(add_ons)
         self.ctx = RunContext(cfg=cfg, argv=list(argv), environ=env, layout=layout_for(cfg, argv, env, cwd),
                               slurm_env=slurm_env, clock=self._clock, waker=waker,
                               start_child=start_child or start_process,
@@ -96,8 +96,6 @@ class Runner:
                               echo=echo, host=socket.gethostname(), cwd=cwd, sinks=list(sinks))
         self.cwd = cwd
         self._child: ChildHandle | None = None
-        self._loss_kinds: list[str] = []  # loss anomalies since this node's GPUs were last checked
-        self._manifest_threads: list[threading.Thread] = []
 
     @property
     def paths(self) -> Any:
@@ -156,10 +154,7 @@ class Runner:
         child = self._child
         if child is not None and child.poll() is None:
             child.signal_group(signal.SIGKILL)
-        self._finish_manifests()
-        end = time.monotonic() + (1.0 if ctx.noticed else 5.0)  # node ledger records still being written
-        for thread in ctx.ledger_writes:
-            thread.join(max(end - time.monotonic(), 0.0))
+        self.add_ons.at_teardown(ctx.noticed)  # background work of the add-ons lands, bounded
         if self._inbox is not None:
             self._inbox.uninstall()
             for signum in ctx.notice_signals | {signal.SIGUSR2}:
@@ -185,10 +180,10 @@ class Runner:
     def _run_attempts(self) -> RunResult:
         ctx = self.ctx
         previous = ctx.read_events()
-        ctx.seed_save_history(previous)
+        ctx.begin(previous)  # the ledger, the save history and the history sinks, from this one read
         attempt_no = max((e.get("attempt") for e in previous if e.event == Ev.ATTEMPT_START.value
                           and isinstance(e.get("attempt"), int)), default=0)
-        del previous  # the ledger and the save history hold what the run needs of it
+        del previous  # the ledger, the save history and the sinks hold what the run needs of it
         # What was read at start lives as long as the run: out of the collector's sight, so that a
         # collection on the notice path does not walk a long run's history (docs/benchmarks.md).
         gc.freeze()
@@ -206,22 +201,14 @@ class Runner:
             missing = check_durable_history(ctx, state)
             if missing is not None:
                 return self._end(RunOutcome.STOPPED, ExitCode.STOPPED, missing, state, stopped_by="resume_audit")
-            check = "gpu" in ctx.cfg.preflight
-            if not check and self._loss_kinds:
-                wanted = after_loss_anomaly(ctx.cfg.gpu_check, self._loss_kinds)
-                if wanted.run:
-                    ctx.emit(Ev.WARNING, attempt=state.attempt, reason=wanted.reason)
-                    log.warning("%s", wanted.reason)
-                check = wanted.run
-            if check:
-                self._loss_kinds.clear()
-                failed = gpu_preflight(ctx, state)
-                if failed is not None:
-                    return self._requeue(state, FailureClass.HARDWARE_FAULT, failed)
+            fault = self.add_ons.before_attempt(ctx, state)  # the GPU preflight, where it is wired
+            if fault is not None:
+                state.peers.nodes.add(fault.node)
+                state.health.exclude.add(fault.node)
+                return self._requeue(state, FailureClass.HARDWARE_FAULT, fault.reason)
             child = self._launch(state)
-            exit_ = monitor(ctx, child, state)
+            exit_ = monitor(ctx, child, state, self.add_ons)
             child.finish()
-            self._loss_kinds += state.health.loss_anomalies
             result = self._after_attempt(child, exit_, state)
             if result is not None:
                 return result
@@ -246,35 +233,8 @@ class Runner:
                  nodes=list(ctx.slurm_env.node_names) or None, resume_path=state.resume_path,
                  resume_step=state.resume_step, resume_note=plan.resume_note)
         log.info("attempt %d started (pid %s): %s", state.attempt, child.pid, " ".join(plan.argv))
-        if self._manifests:
-            self._write_manifest_async(state, list(plan.argv))
+        self.add_ons.on_launch(ctx, state, list(plan.argv))  # the manifest, where it is wired
         return child
-
-    def _write_manifest_async(self, state: AttemptState, argv: list[str]) -> None:
-        """Provenance probes (git, the child's torch) must not delay the launch."""
-        ctx = self.ctx
-
-        def work() -> None:
-            try:
-                from ..manifest import collect_manifest, write_manifest
-
-                manifest = collect_manifest(attempt=state.attempt, argv=argv, config=ctx.cfg,
-                                            environ=dict(ctx.environ), cwd=self.cwd, child_python=None,
-                                            run_dir=self.paths.run_dir)
-                write_manifest(self.paths.manifest(state.attempt), manifest)
-            except Exception as exc:  # provenance is best effort, never fatal
-                log.debug("manifest for attempt %d failed: %s", state.attempt, exc)
-
-        thread = threading.Thread(target=work, daemon=True, name="manifest")
-        thread.start()
-        self._manifest_threads.append(thread)
-
-    def _finish_manifests(self) -> None:
-        """Let provenance probes land before exiting: the attempts that die at start are the ones
-        whose manifest matters most. Bounded: after a stop notice only a second (the deadline wins)."""
-        end = time.monotonic() + (1.0 if self.ctx.noticed else 25.0)
-        for thread in self._manifest_threads:
-            thread.join(max(end - time.monotonic(), 0.0))
 
     # ------------------------------------------------------------------ after the attempt
 
@@ -331,7 +291,7 @@ class Runner:
                  **{"class": verdict.cls.value, "classified_as": failure.cls.value}, **_claim(failure))
         log.warning("attempt %d ended: %s (%s)", state.attempt, verdict.cls.value,
                     "; ".join(failure.evidence[:1]) or f"status {exit_.status}")
-        note_failure(ctx, state, failure, verdict.cls, eff.reason)
+        self.add_ons.on_failure_recorded(ctx, state, failure, verdict.cls, eff.reason)
 
     def _carry_out(self, state: AttemptState, verdict: AttemptVerdict, exit_: ChildExit | None = None
                    ) -> RunResult | None:
@@ -383,7 +343,7 @@ class Runner:
         elif policy.exclude_node:
             exclude = tuple(sorted(state.peers.nodes)) or ((ctx.slurm_env.nodename,) if ctx.slurm_env.nodename else ())
         if job_id:
-            exclude = with_ledger_exclusions(ctx, state, exclude)
+            exclude = self.add_ons.nodes_to_exclude(ctx, state, exclude)  # the node ledger's, where it is wired
         verdict = state.slurm.verdict
         already = verdict is not None and verdict.cause is StopCause.REQUEUED
         decision = decide_requeue(child_outcome=cls, in_slurm=bool(job_id),

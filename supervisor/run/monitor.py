@@ -21,16 +21,15 @@ from ..client import STACK_DUMP_SIGNAL
 from ..control_wire import MAX_STEP, valid_step
 from ..errors import RunLockedError
 from ..events import Ev
-from ..nodes import record_loss_anomaly, record_slow_node
 from ..preemption import InFlightSave
 from ..progress import BarEvidence, LossTracker, ProgressTracker, StepConfirmer, StepExtractor, StepMatch
-from ..slownode import SlowNodeTracker
 from ..stall import StallTimeout
 from . import notice as notices
 from . import resumable
 from .resumable import inside as _inside
 from .attempt import AttemptState
 from .context import RunContext
+from .hooks import AddOn, AddOns, Heartbeat
 from .saves import WATCH_INTERVAL, final_rescan, record_save, watch_saves
 from .stop import Cause, CauseKind, ForceKill, SaveLanded, StopAsked, StopPhase, Tick, kill_due
 from .writers import WRITER, open_save
@@ -58,27 +57,27 @@ class Watch:
     next_refresh: float = 0.0
     next_lock_check: float = 0.0
     flood_warned: bool = False
-    slow_nodes: SlowNodeTracker | None = None  # None when slow_node.action is off
+    add_ons: AddOn = field(default_factory=AddOns)  # the run's add-ons (supervisor/run/hooks.py)
     confirm: StepConfirmer = field(default_factory=StepConfirmer)  # output steps count once their line proved itself
     bars: BarEvidence = field(default_factory=lambda: BarEvidence(None))  # progress lines proven to count steps
     saves_seen: int = 0  # state.saves already shown to ``bars``
 
 
-def new_watch(ctx: RunContext, state: AttemptState) -> Watch:
+def new_watch(ctx: RunContext, state: AttemptState, add_ons: AddOn | None = None) -> Watch:
     now = ctx.clock.now()
     if ctx.stall is None:  # one for the run: what it learned carries over a restart
         ctx.stall = StallTimeout(ctx.cfg.stall, ctx.cfg.stall_timeout)
     ctx.stall.start_attempt()
-    slow_nodes = SlowNodeTracker(ctx.cfg.slow_node) if ctx.cfg.slow_node.action != "off" else None
     return Watch(StepExtractor(ctx.cfg.step_regex), ProgressTracker(started_at=state.started_at),
                  LossTracker(spike_factor=ctx.cfg.loss_spike_factor), DirWatcher(ctx.layout.ckpt_dir),
                  DirEvents(ctx.layout.ckpt_dir), next_poll=now + ctx.cfg.preemption.poll_interval,
-                 slow_nodes=slow_nodes, bars=BarEvidence(state.resume_step))
+                 add_ons=add_ons if add_ons is not None else AddOns(), bars=BarEvidence(state.resume_step))
 
 
-def monitor(ctx: RunContext, child: Any, state: AttemptState) -> ChildExit:
-    """Tick until the child's main process has ended; then drain what it left behind."""
-    w = new_watch(ctx, state)
+def monitor(ctx: RunContext, child: Any, state: AttemptState, add_ons: AddOn | None = None) -> ChildExit:
+    """Tick until the child's main process has ended; then drain what it left behind. ``add_ons``:
+    told of heartbeats and loss anomalies, asked for a node to leave (supervisor/run/hooks.py)."""
+    w = new_watch(ctx, state, add_ons)
     try:
         return _watch_until_exit(ctx, child, state, w)
     finally:
@@ -302,16 +301,14 @@ def drain_control(ctx: RunContext, child: Any, state: AttemptState, w: Watch, no
         if msg.host and len(state.peers.nodes) < MAX_PEERS:
             state.peers.nodes.add(str(msg.host))
         if kind == "heartbeat" and valid_step(f.get("step")):
-            if w.slow_nodes is not None:
-                metrics = f.get("metrics") if isinstance(f.get("metrics"), dict) else {}
-                own = metrics.get("step_time")  # a rank's own compute time, when it reports one
-                w.slow_nodes.observe(msg.rank, msg.host, f["step"], getattr(msg, "received_at", now),
-                                     step_time=own if isinstance(own, (int, float)) and not isinstance(own, bool)
-                                     else None)
+            metrics = f.get("metrics") if isinstance(f.get("metrics"), dict) else {}
+            own = metrics.get("step_time")  # a rank's own compute time, when it reports one
+            w.add_ons.on_heartbeat(ctx, state, Heartbeat(
+                msg.rank, msg.host, f["step"], getattr(msg, "received_at", now),
+                own if isinstance(own, (int, float)) and not isinstance(own, bool) else None))
             if msg.rank not in (None, 0):
                 w.progress.touch(now)  # other ranks prove liveness; rank 0 owns the step
                 continue
-            metrics = f.get("metrics") if isinstance(f.get("metrics"), dict) else {}
             raw_loss = metrics.get("loss")
             loss = float(raw_loss) if isinstance(raw_loss, (int, float)) and not isinstance(raw_loss, bool) else None
             if loss is not None:
@@ -355,10 +352,7 @@ def check_loss(ctx: RunContext, child: Any, state: AttemptState, w: Watch, step:
         return
     ctx.emit(Ev.LOSS_ANOMALY, attempt=state.attempt, step=step, loss=loss, median=verdict.median, kind=verdict.kind,
              reason=verdict.reason)
-    state.health.loss_anomalies.append(verdict.kind)
-    ctx.note_node(record_loss_anomaly(host or ctx.slurm_env.nodename or ctx.host, verdict.kind, verdict.reason,
-                                      ts=ctx.clock.now(), run_dir=str(ctx.layout.paths.run_dir),
-                                      job_id=ctx.slurm_env.job_id, attempt=state.attempt))
+    w.add_ons.on_loss_anomaly(ctx, state, verdict, host or ctx.slurm_env.nodename or ctx.host)
     log.warning("loss anomaly at step %d: %s", step, verdict.reason)
     if ctx.cfg.loss_policy == "stop":
         cause = Cause(CauseKind.POLICY, f"loss anomaly: {verdict.reason}", by="loss_policy")
@@ -428,17 +422,13 @@ def check_health(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now
 
 
 def check_slow_node(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now: float) -> None:
-    """A node whose ranks step slower than the other nodes': named in the event log and the node
-    ledger; with slow_node.action requeue, the attempt stops and the job is requeued without it."""
-    found = w.slow_nodes.verdict(now) if w.slow_nodes is not None else None
+    """A node the add-ons say to leave (a node whose ranks step slower than the other nodes', named
+    in the event log by the slow-node finder); with slow_node.action requeue, the attempt stops and
+    the job is requeued without it."""
+    found = w.add_ons.node_to_leave(ctx, state, now)
     if found is None:
         return
-    action = ctx.cfg.slow_node.action
-    ctx.emit(Ev.SLOW_NODE, attempt=state.attempt, action=action, **found.to_event())
-    log.warning("slow node: %s", found.reason)
-    ctx.note_node(record_slow_node(found.node, found.reason, ts=ctx.clock.now(), run_dir=str(ctx.layout.paths.run_dir),
-                                   job_id=ctx.slurm_env.job_id, attempt=state.attempt))
-    if action == "requeue" and not state.stop.is_(CauseKind.POLICY):
+    if ctx.cfg.slow_node.action == "requeue" and not state.stop.is_(CauseKind.POLICY):
         state.health.exclude.add(found.node)
         notices.step(ctx, child, state, StopAsked(Cause(CauseKind.REQUEUE, f"slow node: {found.reason}"),
                                                   ctx.cfg.term_timeout), ctx.clock.now())

@@ -1,6 +1,7 @@
 """Before each attempt: clear dead writers' temp files, choose the resume point (quarantining torn
 checkpoints), check it against the saves the event log remembers, warn about a single-copy
-checkpoint set-up, and run the optional GPU preflight.
+checkpoint set-up. (The optional GPU preflight is an add-on: ``supervisor/run/gpu_preflight.py``,
+reached through ``AddOn.before_attempt`` of ``supervisor/run/hooks.py``.)
 
 At attempt start the run lock is held and no child of this run is alive, so nothing of this run
 is being written: a torn file is torn, whatever its age, and is quarantined.
@@ -118,32 +119,3 @@ def check_durable_history(ctx: RunContext, state: AttemptState) -> str | None:
     if ctx.cfg.budget.on_resume_mismatch == "stop":
         return f"resume audit failed: {verdict.reason}"
     return None
-
-
-def gpu_preflight(ctx: RunContext, state: AttemptState) -> str | None:
-    """Bit-for-bit repeatability of conv2d/matmul on this node's GPUs, in a subprocess that imports
-    torch with the child's interpreter. A failing GPU is a hardware fault: returns the reason to
-    requeue away from this node. 'Cannot check' only warns."""
-
-    from ..health import probe_args_for, run_check
-    from ..manifest import find_child_python
-    from ..nodes import record_gpu_check
-
-    python, _how = find_child_python(ctx.argv)
-    checks = ctx.cfg.gpu_check
-    verdict = run_check(checks.timeout, python=python, environ=dict(ctx.environ),
-                        probe_args=probe_args_for(checks.repeats), fault_rate=checks.fault_rate)
-    ctx.emit(Ev.PREFLIGHT, attempt=state.attempt, check="gpu", **verdict.to_dict())
-    node = ctx.slurm_env.nodename or ctx.host
-    if verdict.checkable:
-        ctx.note_node(record_gpu_check(node, verdict.ok, verdict.reason, ts=ctx.clock.now(),
-                                       run_dir=str(ctx.layout.paths.run_dir), job_id=ctx.slurm_env.job_id,
-                                       attempt=state.attempt))
-    if verdict.ok or not verdict.checkable:
-        if not verdict.ok:
-            log.warning("GPU preflight could not judge this node: %s", verdict.reason)
-        return None
-    log.error("GPU preflight failed on %s: %s", node, verdict.reason)
-    state.peers.nodes.add(node)
-    state.health.exclude.add(node)
-    return f"GPU preflight failed: {verdict.reason}"
