@@ -114,3 +114,24 @@ def test_a_start_from_scratch_after_a_save_the_supervisor_could_not_hand_over_is
     assert audit_fresh_start(100, "/elsewhere/ckpt.pt", 1, "/run/checkpoints", 100, outside=True).ok  # resumed itself
     assert audit_fresh_start(100, "/elsewhere/ckpt.pt", 1, "/run/checkpoints", 40, outside=True).ok  # an older save
     assert audit_fresh_start(None, None, None, "/run/checkpoints", 0, outside=True).ok
+
+
+def test_a_later_save_whose_step_is_known_settles_a_first_save_without_one() -> None:
+    """Accelerate's test_checkpointing.py prints its step only after save_state(epoch_<e>): the first
+    save lands before any step line, the next ones have the log's step. The warning must not stay."""
+    from types import SimpleNamespace
+
+    from supervisor.resumability import judge_resumability
+    from supervisor.run.attempt import AttemptState, SaveRecord
+    from supervisor.run.resumable import facts_now
+
+    ctx = SimpleNamespace(layout=SimpleNamespace(ckpt_dir="/w/out"), resumability_said=None,
+                          cfg=SimpleNamespace(resume_arg="--resume_from_checkpoint {path}", resume_env=()))
+    state = AttemptState(attempt=1, started_at=0.0)
+    state.saves.append(SaveRecord(None, "/w/out/epoch_0", 100, 0.1, True, "watch", 1.0))
+    trigger, facts = facts_now(ctx, state, 2.0)  # type: ignore[arg-type,misc]
+    assert trigger == "save" and judge_resumability(facts).missing == ("step",)
+    state.saves.append(SaveRecord(20, "/w/out/epoch_1", 100, 0.1, True, "watch", 3.0))
+    trigger, facts = facts_now(ctx, state, 4.0)  # type: ignore[arg-type,misc]
+    verdict = judge_resumability(facts)
+    assert verdict.ok and "epoch_1" in verdict.reason, verdict.reason

@@ -70,10 +70,11 @@ def nanogpt_ckpt(path: Path, iter_num: int) -> Path:
     return path
 
 
-def accelerate_dir(root: Path, index: int) -> Path:
+def accelerate_dir(root: Path, index: int, name: str = "checkpoint_{}") -> Path:
     """Accelerate save_state() with automatic_checkpoint_naming: checkpoints/checkpoint_<i>/ holding
-    model.safetensors, optimizer.bin and random_states_0.pkl (whose "step" counts accumulation)."""
-    d = root / f"checkpoint_{index}"
+    model.safetensors, optimizer.bin and random_states_0.pkl (whose "step" counts accumulation).
+    ``name="epoch_{}"``: save_state(f"epoch_{epoch}") once per epoch, as Accelerate's examples do."""
+    d = root / name.format(index)
     d.mkdir(parents=True)
     save_safetensors(d / "model.safetensors", model_state(index), {"format": "pt"})
     torch.save({"state": {}, "param_groups": [{"lr": 1e-3, "params": [0]}]}, d / "optimizer.bin")
@@ -162,3 +163,41 @@ def test_the_watch_sees_an_accelerate_save_land(tmp_path: Path) -> None:
     watcher.poll(1.0)
     done = watcher.poll(2.0).completed
     assert [Path(c.path).name for c in done] == ["checkpoint_0"]
+
+
+def test_epoch_named_saves_are_listed_and_ranked_by_epoch_never_read_as_steps(tmp_path: Path) -> None:
+    """Accelerate's test_checkpointing.py and its examples save_state(f"epoch_{e}") after each epoch:
+    these were no candidates at all, so a crash restarted the training from scratch in silence."""
+    for epoch in (0, 1, 2, 10):
+        accelerate_dir(tmp_path, epoch, "epoch_{}")
+    report = validate(tmp_path / "epoch_2")
+    assert (report.step, report.index, report.step_described) == (None, 2, "- (save index 2)")
+    result = find_resume_point(tmp_path, writers_alive=False)
+    assert (Path(result.path).name, result.step) == ("epoch_10", None)  # by number, not lexically
+    logged = {str(tmp_path / f"epoch_{e}"): RecordedStep(40 * (e + 1)) for e in (0, 1, 2, 10)}
+    result = find_resume_point(tmp_path, writers_alive=False, recorded_steps=logged)
+    assert (Path(result.path).name, result.step, result.event_fields()["step_source"]) == ("epoch_10", 440, "log")
+    assert step_of_saved(str(tmp_path / "epoch_1")).described == "- (save index 1)"
+
+
+def test_an_epoch_is_never_a_step_even_outside_accelerate(tmp_path: Path) -> None:
+    (tmp_path / "epoch_7").mkdir()
+    save_safetensors(tmp_path / "epoch_7" / "model.safetensors", model_state(7), {"format": "pt"})
+    torch.save({"model": model_state(3)}, tmp_path / "epoch_3.pt")
+    assert [(validate(tmp_path / n).step, validate(tmp_path / n).index) for n in ("epoch_7", "epoch_3.pt")] == \
+        [(None, 7), (None, 3)]
+    assert step_of_saved(str(tmp_path / "epoch_7")).described == "- (save index 7)"
+    torch.save(lightning_checkpoint(900), tmp_path / "epoch=4.ckpt")  # the step inside still wins
+    assert validate(tmp_path / "epoch=4.ckpt").step == 900
+    assert Path(find_resume_point(tmp_path, writers_alive=False).path).name == "epoch=4.ckpt"
+
+
+def test_the_watch_sees_an_epoch_save_land(tmp_path: Path) -> None:
+    from supervisor.checkpoints.watch import DirWatcher
+
+    watcher = DirWatcher(str(tmp_path))
+    watcher.poll(0.0)
+    accelerate_dir(tmp_path, 0, "epoch_{}")
+    watcher.poll(1.0)
+    done = watcher.poll(2.0).completed
+    assert [Path(c.path).name for c in done] == ["epoch_0"]

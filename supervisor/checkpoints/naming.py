@@ -70,6 +70,10 @@ _STEP_PATTERNS: tuple[re.Pattern[str], ...] = (
 # checkpoints/checkpoint_<i> with i = 0, 1, 2... per save: the number is a save index, not a step.
 # Only the bare directory-style name counts (checkpoint_500.pt is a step, HF's checkpoint-500 too).
 _INDEX_NAME = re.compile(r"^checkpoint_([0-9]+)$", re.ASCII)
+# A checkpoint named by its epoch alone (``epoch_3/``: Accelerate's save_state once per epoch, as in its
+# examples and its test_checkpointing.py; ``epoch_3.pt``): the number counts epochs, so it orders the
+# saves like a save index and is never a step (a name that also has a step, ``epoch=3-step=900``, is not one).
+_EPOCH_NAME = re.compile(r"^epochs?[-_=]?([0-9]+)$", _FLAGS)
 _EPOCH = re.compile(_SEP + r"epochs?[=_-]?" + _NUM, _FLAGS)
 _VERSION = re.compile(r"-v([0-9]+)$", re.ASCII)  # Lightning's name-collision counter: last-v1, step=9-v2
 _LAST = re.compile(r"^(?:last|latest)(?:-v[0-9]+)?$|[-_]last$", _FLAGS)
@@ -86,7 +90,12 @@ class NameInfo:
     epoch: int | None
     version: int  # 0 when no -vN; -1 for an old copy moved aside (``<name>.old-<nonce>``)
     is_last: bool  # last.ckpt, last-v1.ckpt, last/, latest.pt, ...-last.ckpt
-    index: int | None = None  # a save index (Accelerate's checkpoint_<i>): orders saves, never a step
+    index: int | None = None  # a save index (Accelerate's checkpoint_<i>, epoch_<e>): orders saves, never a step
+
+    @property
+    def index_may_be_step(self) -> bool:
+        """``checkpoint_<N>`` that Accelerate did not write names step N; an epoch never does."""
+        return self.index is not None and _EPOCH_NAME.match(self.stem) is None
 
 
 def strip_suffix(name: str) -> str:
@@ -133,10 +142,11 @@ def parse_name(name: str) -> NameInfo:
 
 
 def save_index_from_name(name: str) -> int | None:
-    """The save index of Accelerate's automatic naming (``checkpoint_3`` -> 3), else None. Such a
-    name carries no step (:func:`step_from_name` says None for it)."""
+    """The save index of Accelerate's automatic naming (``checkpoint_3`` -> 3) or of a name that is
+    an epoch alone (``epoch_3`` -> 3), else None. Such a name carries no step (:func:`step_from_name`
+    says None for it)."""
     name = aside_original(name) or name
-    found = _INDEX_NAME.match(name)
+    found = _INDEX_NAME.match(name) or _EPOCH_NAME.match(strip_suffix(name))
     return _bounded_int(found.group(1)) if found else None
 
 

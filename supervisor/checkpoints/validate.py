@@ -172,7 +172,7 @@ def validate(
     with extra_safe_globals(extra_safe), collecting() as notes, \
             user_step_key(rule.arg if rule is not None and rule.kind == "key" else None):
         outcome = _run_ladder(raw, is_dir, st, deep, max_level)
-    if info.index is not None and not (is_dir and _accelerate_dir(raw)):
+    if info.index_may_be_step and not (is_dir and _accelerate_dir(raw)):
         name_step = info.index  # checkpoint_<N> that Accelerate did not write: N is the step
         base["name_step"], base["_index"] = name_step, None
     # Each pickle scanned to its end records a note. None recorded: trusted only when the ladder

@@ -76,7 +76,10 @@ def _said(ctx: RunContext) -> Any:
 
 def facts_now(ctx: RunContext, state: AttemptState, now: float) -> tuple[str, ResumeFacts] | None:
     """(what triggered the statement, the facts) when it is time to say something, else None."""
-    first = next((s for s in state.saves if s.ok), None)
+    saved = [s for s in state.saves if s.ok]
+    # The newest save with a known step, else the first: the first save's step may be unknown only because
+    # the log had not said it yet (a script that prints its step after saving), and a later one settles it.
+    first = next((s for s in reversed(saved) if s.step is not None), saved[0] if saved else None)
     base = dict(checkpoint_dir=str(ctx.layout.ckpt_dir), resume_arg=ctx.cfg.resume_arg,
                 resume_env=tuple(ctx.cfg.resume_env), client_resumed=state.reported_resume_step,
                 resume_output=state.resume_output, last_step=state.last_step)

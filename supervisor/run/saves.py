@@ -54,7 +54,7 @@ def step_of_saved(path: str, log_step: int | None = None, step_from: str | None 
     name = Path(path).name
     info = parse_name(name)
     rule = parse_step_rule(step_from)
-    is_index = info.index is not None and _accelerate_dir(path)
+    is_index = info.index is not None and (not info.index_may_be_step or _accelerate_dir(path))
     name_step = info.step if info.index is None or is_index else info.index
     inside, key = (None, None) if os.path.isdir(path) else embedded_step(
         path, rule.arg if rule is not None and rule.kind == "key" else None)

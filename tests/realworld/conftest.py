@@ -36,6 +36,19 @@ def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_glue(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``model/`` (a 1-layer BERT classifier), ``nyu-mll/glue/`` (MRPC-shaped pairs) and ``glue/glue.py``
+    (our metric module): what Accelerate's test_checkpointing.py loads, made by accelerate_setup.py."""
+    from stacks import GLUE_TRAIN_PAIRS
+
+    root = tmp_path_factory.mktemp("tiny_glue")
+    res = subprocess.run([sys.executable, str(HERE / "accelerate_setup.py"), str(root), str(GLUE_TRAIN_PAIRS)],
+                         capture_output=True, text=True, timeout=300, env={**_base_env(), **CHILD_ENV})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root
+
+
 def _base_env() -> dict[str, str]:
     import os
 
@@ -55,6 +68,8 @@ def make_workdir(tmp_path: Path, request: pytest.FixtureRequest):
             hf = request.getfixturevalue("tiny_hf")
             shutil.copytree(hf / "model", workdir / "model")
             shutil.copytree(hf / "data", workdir / "data")
+        elif key == "accelerate_epochs":
+            shutil.copytree(request.getfixturevalue("tiny_glue"), workdir, dirs_exist_ok=True)
         return workdir
 
     return make

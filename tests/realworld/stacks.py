@@ -117,6 +117,11 @@ class Stack:
     command: Callable[[Path], list[str]]  # working directory -> argv
     log: ChildLog
     needs: tuple[str, ...] = ()  # modules that must import
+    # False: after a resume the script checks the state it loaded and exits (Accelerate's test_checkpointing.py)
+    trains_after_resume: bool = True
+    # For a script that prints its step only once a save finished: (checkpoint dir, its last step) -> True
+    # when its own record of that save is written and the next save has not begun (no save in flight).
+    between_saves: Callable[[Path, int], bool] | None = None
 
     def supervise_flags(self, workdir: Path) -> list[str]:
         return ["--checkpoint-dir", str(workdir / self.checkpoint_dir), f"--resume-arg={self.resume_arg}"]
@@ -138,6 +143,56 @@ def trl_sft_script() -> str:
     assert digest == TRL_SFT_SHA256, (f"{spec.origin} is not the pinned script (sha256 {digest}): "
                                       f"pip install '{TRL_PIN}'")
     return spec.origin
+
+
+# The public script the "Accelerate, save_state per epoch" stack runs, as the pinned accelerate ships it
+# (SOURCES.md); tests/realworld/accelerate_setup.py makes the model, data set and metric it loads.
+ACCELERATE_CKPT_SHA256 = "63f65a444f68d5cf1d37b5e3dd530bb487a61eec9d565dec44f3e0a709cdfe19"
+ACCELERATE_PIN = "accelerate==1.15.0"
+GLUE_TRAIN_PAIRS = 160  # 10 steps an epoch at the script's batch size of 16: its save interval
+EPOCH_STEPS, EPOCHS = GLUE_TRAIN_PAIRS // 16, 30
+SCRIPT_LR = 2e-5  # the script's config: linear decay to 0 over EPOCHS * EPOCH_STEPS steps, no warm-up
+
+
+def accelerate_checkpointing_script() -> str:
+    """The installed accelerate's test_utils/scripts/external_deps/test_checkpointing.py, checked byte for byte."""
+    return pinned_script("accelerate.test_utils.scripts.external_deps.test_checkpointing", ACCELERATE_CKPT_SHA256,
+                         ACCELERATE_PIN)
+
+
+def pinned_script(module: str, sha256: str, pin: str) -> str:
+    import hashlib
+    import importlib.util
+
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, f"{module} is not installed: pip install '{pin}'"
+    digest = hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
+    assert digest == sha256, f"{spec.origin} is not the pinned script (sha256 {digest}): pip install '{pin}'"
+    return spec.origin
+
+
+def _epoch_line_step(line: str) -> int | None:
+    """test_checkpointing.py prints, after save_state(epoch_<e>) and an evaluation:
+    "epoch 2: {'accuracy': ..., 'lr': ..., 'optimizer_lr': ..., 'epoch': 2, 'step': 30}"."""
+    found = re.search(r"^epoch \d+: \{.*'step': (\d+)\}", line)
+    return int(found.group(1)) if found else None
+
+
+def _resumed_step(line: str) -> int | None:
+    """After a resume the script prints the learning rate it loaded ("resumed checkpoint's scheduler's
+    lr: X") and asserts it equals the one it recorded for that epoch; its linear schedule gives the step."""
+    found = re.search(r"^resumed checkpoint's scheduler's lr: (\S+)$", line)
+    if not found:
+        return None
+    total = EPOCHS * EPOCH_STEPS
+    return round(total * (1 - float(found.group(1)) / SCRIPT_LR))
+
+
+def _epoch_save_settled(checkpoint_dir: Path, step: int) -> bool:
+    """The line of step S came after the save of epoch S/10 - 1: its state_<e>.json is written (the
+    resume reads it) and epoch_<e+1>/ is not begun."""
+    epoch = step // EPOCH_STEPS - 1
+    return (checkpoint_dir / f"state_{epoch}.json").is_file() and not (checkpoint_dir / f"epoch_{epoch + 1}").exists()
 
 
 STACKS: tuple[Stack, ...] = (
@@ -176,6 +231,18 @@ STACKS: tuple[Stack, ...] = (
         log=ChildLog(progress=_group(r"^step (\d+): loss"), saved=_group(r"^saved state of step (\d+)"),
                      resumed=_group(r"^Resumed from checkpoint: \S+ at step (\d+)")),
         needs=("accelerate",),
+    ),
+    Stack(
+        key="accelerate_epochs", stack="Accelerate, save_state per epoch",
+        script="accelerate/test_utils/scripts/external_deps/test_checkpointing.py of the installed accelerate "
+               "(a public script, unchanged): save_state to out/epoch_<e>",
+        save_interval=EPOCH_STEPS, max_steps=EPOCHS * EPOCH_STEPS, checkpoint_dir="out",
+        resume_arg="--resume_from_checkpoint {path}", path_is="the epoch_<e> directory",
+        command=lambda w: [PY, accelerate_checkpointing_script(), "--model_name_or_path", "model",
+                           "--output_dir", "out", "--num_epochs", str(EPOCHS)],
+        log=ChildLog(progress=_epoch_line_step, saved=_epoch_line_step, resumed=_resumed_step),
+        needs=("accelerate", "datasets", "evaluate", "transformers"),
+        trains_after_resume=False, between_saves=_epoch_save_settled,
     ),
     Stack(
         key="lightning", stack="Lightning",
