@@ -54,6 +54,16 @@ def as_test_job(example: str, scratch: Path, command: str, env: dict[str, str]) 
     return f"{head}\n\n{exports}echo \"JOB RUN restart=${{SLURM_RESTART_COUNT:-0}}\"\n{rest}\n"
 
 
+def job_output(scratch: Path, most: int = 4000) -> str:
+    """The tail of the job's own output files (``%x-%j.out``): what to read when the run left no log."""
+    return "\n".join(f"--- {f.name}:\n{f.read_text(errors='replace')[-most:]}" for f in sorted(scratch.glob("*.out")))
+
+
+def assert_run_logged(run_dir: Path, scratch: Path, info) -> None:
+    assert (run_dir / "supervisor" / "events.jsonl").exists(), \
+        f"the job ended but the supervisor left no event log: {info}\n{job_output(scratch)}"
+
+
 def wait_finished(cluster, job: int, timeout: float):
     """The job's record once it has ended for good (a requeue passes through pending states, and
     a requeued job waits out a BeginTime: the same final state twice, 15 s apart)."""
@@ -77,6 +87,7 @@ def test_readme_example_saves_at_the_warning_and_every_requeue_resumes_from_it(s
     job = slurm_cluster.sbatch(script, "-D", str(scratch))
     info = wait_finished(slurm_cluster, job, timeout=420)
     run_dir = scratch / "runs" / "exp1"
+    assert_run_logged(run_dir, scratch, info)
     ends = [e["outcome"] for e in events_named(run_dir, "run_end")]
     assert ends[-1] == "complete" and "requeue" in ends, (ends, info)
     notices = events_named(run_dir, "notice")
@@ -102,6 +113,7 @@ def test_readme_example_without_saves_is_stopped_by_the_requeue_budget(slurm_clu
     job = slurm_cluster.sbatch(script, "-D", str(scratch))
     info = wait_finished(slurm_cluster, job, timeout=420)
     run_dir = scratch / "runs" / "exp1"
+    assert_run_logged(run_dir, scratch, info)
     ends = events_named(run_dir, "run_end")
     assert [e["outcome"] for e in ends] == ["requeue", "stopped"], ends
     assert ends[-1]["stopped_by"] == "max_requeues_without_progress", ends[-1]
