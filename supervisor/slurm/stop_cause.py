@@ -115,7 +115,7 @@ def stop_cause(
     """
     sig = _norm(signal_name)
     limit_sig = _norm(time_limit_signal)
-    ver = SlurmVersion.of(version) if version is not None else None
+    ver = SlurmVersion.of(version)
     if info is None:
         return StopVerdict(StopCause.UNKNOWN, "no job record (not a Slurm job, or Slurm could not be asked)",
                            fields={"signal": sig})
