@@ -10,7 +10,7 @@ For clusters that cancel preempted jobs instead of requeueing them, and for allo
   submission limit;
 * reads the run directory's event log (owned by the live supervisor of the run: read only, never
   written) for the job's ``run_end`` and for the progress line;
-* keeps its own append-only ledger, ``<run>/supervisor/submissions.jsonl``, one line per submission;
+* keeps its own append-only record, ``<run>/supervisor/submissions.jsonl``, one line per submission;
 * follows a job that Slurm requeues (same id, Restarts+1, PENDING again) instead of resubmitting it,
   and never cancels a job: a pending job's queue age is worth keeping.
 
@@ -270,7 +270,7 @@ def sbatch_args_with_exclude(args: Sequence[str], nodes: Sequence[str]) -> list[
 
 
 # ---------------------------------------------------------------------------------------------
-# The submissions ledger
+# The submissions record
 
 
 def submissions_path(run_dir: Path) -> Path:
@@ -395,14 +395,14 @@ class SubmitLoop:
         self.limit_wait_cap = max(poll, limit_wait_cap if limit_wait_cap is not None else min(300.0, 8 * poll))
         self.limit_waits = 0  # how often a QOS limit held the run back (submissions and pending polls)
 
-    def _ledger_exclusions(self) -> list[Any]:
+    def _node_ledger_exclusions(self) -> list[Any]:
         """Nodes the ledger holds enough hardware evidence against (``nodes.exclude_after``)."""
         if self.nodes is None:
             return []
-        from .nodes import NodeLedger, current_exclusions, ledger_path
+        from .nodes import NodeLedger, current_exclusions, node_ledger_path
 
-        found, problem = current_exclusions(NodeLedger(ledger_path(self.nodes, self.environ), self.nodes.max_bytes),
-                                            self.clock(), self.nodes)
+        node_ledger = NodeLedger(node_ledger_path(self.nodes, self.environ), self.nodes.max_bytes)
+        found, problem = current_exclusions(node_ledger, self.clock(), self.nodes)
         if problem:
             log.warning("%s", problem)
         probe = getattr(self.backend, "node_state", None)
@@ -452,10 +452,10 @@ class SubmitLoop:
 
     # ---- steps ----------------------------------------------------------------------------------
     def _submit(self, reason: str) -> Submission:
-        from_ledger = [x for x in self._ledger_exclusions() if x.node not in self.excluded]
-        for item in from_ledger:
+        from_node_ledger = [x for x in self._node_ledger_exclusions() if x.node not in self.excluded]
+        for item in from_node_ledger:
             log.warning("excluding %s: %s", item.node, item.reason)
-        args = sbatch_args_with_exclude(self.sbatch_args, (*self.excluded, *(x.node for x in from_ledger)))
+        args = sbatch_args_with_exclude(self.sbatch_args, (*self.excluded, *(x.node for x in from_node_ledger)))
         tries = 0
         while True:
             try:
@@ -475,7 +475,7 @@ class SubmitLoop:
         append_submission(submissions_path(self.paths.run_dir), {
             "ts": round(self.clock(), 3), "job_id": job_id, "script": str(self.script), "reason": reason,
             "submission": len(self.submissions), "sbatch_args": args, "host": socket.gethostname(),
-            "excluded_by_ledger": [{"node": x.node, "reason": x.reason} for x in from_ledger],
+            "excluded_by_ledger": [{"node": x.node, "reason": x.reason} for x in from_node_ledger],
         })
         log.info("submitted job %s (submission %d of at most %d): %s", job_id, len(self.submissions),
                  self.max_submissions, reason)

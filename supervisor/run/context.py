@@ -47,8 +47,8 @@ class RunContext:
     interrupts: int = 0
     notice_signals: frozenset[int] = field(default_factory=frozenset)
     stall: Any = None  # supervisor.stall.StallTimeout for the whole run (what it learned survives restarts)
-    ledger: Any = None  # supervisor.nodes.NodeLedger, opened on first use
-    ledger_writes: list[Any] = field(default_factory=list)  # background appends, joined (bounded) at teardown
+    node_ledger: Any = None  # supervisor.nodes.NodeLedger, opened on first use
+    node_ledger_writes: list[Any] = field(default_factory=list)  # background appends, joined (bounded) at teardown
     # The run's save durations, seeded from the log once at start and kept up to date by emit(): a
     # notice is arbitrated from memory, never by re-reading a log that grows with the run's age.
     save_history: SaveHistory | None = None
@@ -98,13 +98,13 @@ class RunContext:
     def note_node(self, record: Any) -> None:
         """Add a record to the node health ledger, on a background thread (never waits, never raises)."""
         try:
-            if self.ledger is None:
-                from ..nodes import NodeLedger, ledger_path
+            if self.node_ledger is None:
+                from ..nodes import NodeLedger, node_ledger_path
 
-                self.ledger = NodeLedger(ledger_path(self.cfg.nodes, self.environ), self.cfg.nodes.max_bytes)
-            self.ledger_writes = [t for t in self.ledger_writes if t.is_alive()]
-            self.ledger_writes.append(self.ledger.append_in_background(record))
-        except Exception as exc:  # noqa: BLE001 - the ledger is advice
+                self.node_ledger = NodeLedger(node_ledger_path(self.cfg.nodes, self.environ), self.cfg.nodes.max_bytes)
+            self.node_ledger_writes = [t for t in self.node_ledger_writes if t.is_alive()]
+            self.node_ledger_writes.append(self.node_ledger.append_in_background(record))
+        except Exception as exc:  # noqa: BLE001 - the node ledger is advice
             log.warning("node ledger: %s", exc)
 
     def seed_save_history(self, events: list[Any]) -> None:

@@ -44,7 +44,7 @@ from .context import EventSink, RunContext
 from .judge import AttemptFacts, AttemptVerdict, child_exit_text, failure_step, judge_attempt
 from .layout import child_plan, layout_for
 from .monitor import monitor
-from .node_health import note_failure, with_ledger_exclusions
+from .node_health import note_failure, with_node_ledger_exclusions
 from .seams import BackgroundSlurm, ChildHandle, ChildStarter, Clock, InboxWaker, SlurmView, SupervisorClock, Waker
 from .seams import start_process
 from .start import check_durable_history, gpu_preflight, start_state
@@ -158,7 +158,7 @@ class Runner:
             child.signal_group(signal.SIGKILL)
         self._finish_manifests()
         end = time.monotonic() + (1.0 if ctx.noticed else 5.0)  # node ledger records still being written
-        for thread in ctx.ledger_writes:
+        for thread in ctx.node_ledger_writes:
             thread.join(max(end - time.monotonic(), 0.0))
         if self._inbox is not None:
             self._inbox.uninstall()
@@ -383,7 +383,7 @@ class Runner:
         elif policy.exclude_node:
             exclude = tuple(sorted(state.peers.nodes)) or ((ctx.slurm_env.nodename,) if ctx.slurm_env.nodename else ())
         if job_id:
-            exclude = with_ledger_exclusions(ctx, state, exclude)
+            exclude = with_node_ledger_exclusions(ctx, state, exclude)
         verdict = state.slurm.verdict
         already = verdict is not None and verdict.cause is StopCause.REQUEUED
         known = version_or_none(version)

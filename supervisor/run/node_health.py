@@ -8,7 +8,7 @@ from typing import Any
 
 from ..events import Ev
 from ..failures import evidence_node
-from ..nodes import NodeLedger, current_exclusions, ledger_path, record_failure
+from ..nodes import NodeLedger, current_exclusions, node_ledger_path, record_failure
 from ..states import FailureClass
 from .attempt import AttemptState
 from .context import RunContext
@@ -39,11 +39,11 @@ def note_failure(ctx: RunContext, state: AttemptState, failure: Any, cls: Failur
                                  attempt=state.attempt, evidence=evidence))
 
 
-def with_ledger_exclusions(ctx: RunContext, state: AttemptState, exclude: tuple[str, ...]) -> tuple[str, ...]:
+def with_node_ledger_exclusions(ctx: RunContext, state: AttemptState, exclude: tuple[str, ...]) -> tuple[str, ...]:
     """``exclude`` plus the nodes the ledger holds enough hardware evidence against, from every run,
     that this cluster has (the ledger is the user's, across clusters); each added node is said in a
     warning with its reason."""
-    ledger = NodeLedger(ledger_path(ctx.cfg.nodes, ctx.environ), ctx.cfg.nodes.max_bytes)
+    ledger = NodeLedger(node_ledger_path(ctx.cfg.nodes, ctx.environ), ctx.cfg.nodes.max_bytes)
     found, problem = current_exclusions(ledger, ctx.clock.now(), ctx.cfg.nodes)
     if problem:
         log.warning("%s", problem)
