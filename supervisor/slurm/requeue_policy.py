@@ -42,11 +42,12 @@ if TYPE_CHECKING:
     from ..budget import BudgetVerdict
 
 __all__ = [
-    "COME_BACK_STATES", "REQUEUE_POLICIES", "NextStep", "RequeueDecision", "RequeueFacts", "RequeueFallback",
-    "RequeueHow", "RequeueNeed", "SlurmWill", "already_requeued", "call_fallback", "cancelled_by_person",
+    "ALREADY_PENDING_MESSAGE", "COME_BACK_STATES", "HARDWARE_CLASSES", "REQUEUE_POLICIES", "NextStep",
+    "RequeueCallPlan", "RequeueCheck", "RequeueDecision", "RequeueFacts", "RequeueFallback", "RequeueHow",
+    "RequeueNeed", "SlurmWill", "already_requeued", "call_deadline", "call_fallback", "cancelled_by_person",
     "check_requeue", "decide_next", "describe_job", "held_after_requeue", "needs_explicit_requeue",
     "node_failure_requeue", "plan_requeue_call", "preempted_exit", "requeue_decision", "requeue_need",
-    "slurm_requeues_on_exit",
+    "settle_read_timeout", "slurm_requeues_on_exit",
 ]
 
 REQUEUE_POLICIES = ("auto", "always", "never")  # config preemption.requeue
@@ -69,10 +70,6 @@ class RequeueHow(str, Enum):
 # slurmctld's answer to a requeue of a job that is already requeued, including one still completing
 # its previous run (seen on 22.05.8: "Job is pending execution for job 14" while JobState=COMPLETING).
 ALREADY_PENDING_MESSAGE = "pending execution"
-
-# First release whose slurmctld requeues a job that exits during its grace (commit a689104d15);
-# the capability is SlurmVersion.requeues_on_exit_during_grace.
-GRACE_EXIT_REQUEUE_SINCE = (24, 5)
 
 
 # ---------------------------------------------------------------------------------------------
