@@ -134,7 +134,7 @@ def preempted_exit(version: Any, requeueable: bool | None) -> SlurmWill:
         return SlurmWill(None, "whether Slurm requeues an exit during grace depends on the version (unknown)")
     if requeueable is False:
         return SlurmWill(False, "the job is not requeueable: Slurm will not requeue it")
-    if known.requeues_on_exit_during_grace:
+    if slurm_requeues_on_exit(known, FailureClass.PREEMPTED).requeues:
         return SlurmWill(True, f"Slurm {known.release} requeues a preempted job that exits during its grace "
                                "(that requeue counts toward MaxBatchRequeue)")
     return SlurmWill(False, f"Slurm {known.release} finishes a preempted job that exits during its grace "
@@ -351,7 +351,7 @@ def call_fallback(cause: FailureClass | str | None, version: Any,
         return RequeueFallback.NOTHING, f"Slurm never requeues after {kind}: if the call fails, the job is not requeued"
     if requeueable is False:
         return RequeueFallback.NOTHING, "the job is not requeueable: nothing but the call requeues it"
-    if known is not None and known.requeues_on_exit_during_grace:
+    if known is not None and slurm_requeues_on_exit(known, FailureClass.PREEMPTED).requeues:
         return (RequeueFallback.SLURM_REQUEUES_EXIT,
                 f"otherwise Slurm {known.release} requeues the preempted job as it exits during its grace")
     which = f"Slurm {known.release}" if known is not None else "Slurm (version unknown)"
