@@ -50,7 +50,7 @@ __all__ = [
     "records_to_json",
     "run_verdict",
     "steps_lost",
-    "stop_cause",
+    "stopped_by",
 ]
 
 NOT_CRASHES = NOT_FAILURES  # the older name
@@ -331,7 +331,7 @@ _RETRIES_TEXT = re.compile(r"^(?P<cls>[a-z_]+) (?:once|\d+ times in a row); poli
 _POLICY_STOP_TEXT = re.compile(r"^(?P<cls>[a-z_]+): policy says stop")
 
 
-def stop_cause(run_end: Mapping[str, Any]) -> tuple[str | None, str]:
+def stopped_by(run_end: Mapping[str, Any]) -> tuple[str | None, str]:
     """(the budget or policy that stopped the run, why) from a ``run_end``'s fields: ``stopped_by``
     when the loop wrote it, else read from the reason text the loop has always written."""
     reason = str(run_end.get("reason") or "no reason logged")
@@ -372,7 +372,7 @@ def run_verdict(events: Sequence[Event], budget: BudgetConfig, *, records: Seque
                           cost.numbers, "judge", outcome)
     if outcome in (RunOutcome.STOPPED.value, RunOutcome.FAILED.value):
         assert end is not None
-        name, why = stop_cause(end.fields)
+        name, why = stopped_by(end.fields)
         return RunVerdict(False, name, why, judged.numbers, "run_end", outcome)
     reason = judged.reason
     if outcome == RunOutcome.INTERRUPTED.value:

@@ -121,7 +121,7 @@ def parse_record(line: str) -> NodeRecord | None:
                       detail=text("detail"))
 
 
-def ledger_path(cfg: NodesConfig | None = None, environ: Mapping[str, str] | None = None) -> Path:
+def node_ledger_path(cfg: NodesConfig | None = None, environ: Mapping[str, str] | None = None) -> Path:
     """``nodes.ledger`` (also ``$SUPERVISE_NODES__LEDGER``, like every config key), else the default
     under the home directory. ``~`` and variables in it are expanded."""
     environ = os.environ if environ is None else environ
@@ -135,7 +135,7 @@ def ledger_path(cfg: NodesConfig | None = None, environ: Mapping[str, str] | Non
 
 
 @dataclass(frozen=True)
-class LedgerRead:
+class NodeLedgerRead:
     records: list[NodeRecord]
     bad_lines: int
 
@@ -212,7 +212,7 @@ class NodeLedger:
         finally:
             os.close(fd)
 
-    def read(self) -> LedgerRead:
+    def read(self) -> NodeLedgerRead:
         """Every record of the rotated and the current file, oldest first. A missing ledger is empty;
         an unreadable one raises OSError (the caller names the path)."""
         records: list[NodeRecord] = []
@@ -232,7 +232,7 @@ class NodeLedger:
         if len(records) > MAX_RECORDS:
             records = records[-MAX_RECORDS:]
         records.sort(key=lambda r: r.ts)
-        return LedgerRead(records, bad)
+        return NodeLedgerRead(records, bad)
 
 
 def _tighten_if_ours(fd: int) -> None:

@@ -40,7 +40,7 @@ class RunPaths:
 
     @property
     def submissions(self) -> Path:
-        """``supervise submit``'s own ledger: one line per sbatch submission of this run."""
+        """``supervise submit``'s own record: one line per sbatch submission of this run."""
         return self.supervisor_dir / "submissions.jsonl"
 
     def attempt_log(self, attempt: int) -> Path:

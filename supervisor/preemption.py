@@ -1,4 +1,4 @@
-"""Stop notices, the deadline they carry, save arbitration and the requeue decision.
+"""Stop notices, the deadline they carry and save arbitration (requeues: supervisor/slurm/requeue_policy.py).
 
 Everything here is pure: plain data in, a frozen dataclass with a ``reason`` out; ``now`` is always
 passed in. The run loop (``supervisor.run``) gathers the facts (signals, ``scontrol show job``,
@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Literal, Sequence
 
-from .class_traits import classes_where
 from .slurm.grace import ClusterGrace
-from .slurm.requeue_policy import requeue_need
+from .slurm.requeue_policy import HARDWARE_CLASSES, RequeueDecision, RequeueFacts, requeue_decision
 from .slurm.version import version_or_none
 from .states import FailureClass, SaveDecision
 
@@ -39,11 +38,9 @@ _MIN_FOR_P90 = 5  # fewer samples than this: use the max, a p90 of 3 numbers is 
 NoticeSource = Literal["signal", "poll", "client", "time_limit"]
 DeadlineSource = Literal["slurm_end_time", "default_grace", "cluster_grace", "time_limit_warning"]
 GUESSED_DEADLINES = frozenset({"default_grace", "cluster_grace"})  # not read from the job record: refine
-RequeueHow = Literal["scontrol", "slurm_will", "resubmit", "none"]
 
 _NOTICE_SOURCES = ("signal", "poll", "client", "time_limit")
-_HARDWARE = classes_where(hardware_requeue=True)  # supervisor/class_traits.py
-_WAITING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+_HARDWARE = HARDWARE_CLASSES  # supervisor/class_traits.py, as the requeue decision uses it
 
 
 # ---------------------------------------------------------------------------------------------
@@ -566,29 +563,7 @@ def after_block(
 
 
 # ---------------------------------------------------------------------------------------------
-# Requeue
-
-
-@dataclass(frozen=True)
-class RequeueDecision:
-    """Whether and how the job comes back after this allocation ends."""
-
-    do: bool
-    how: RequeueHow
-    reason: str
-    exclude: tuple[str, ...] = ()
-
-    def to_event(self) -> dict[str, Any]:
-        return {"planned": self.do, "how": self.how, "reason": self.reason, "exclude": list(self.exclude)}
-
-
-def _as_class(outcome: Any) -> FailureClass:
-    if isinstance(outcome, FailureClass):
-        return outcome
-    try:
-        return FailureClass(str(outcome))
-    except ValueError:
-        return FailureClass.UNKNOWN
+# Requeue: decided in supervisor/slurm/requeue_policy.py; this keeps the keyword form callers of this module use.
 
 
 def decide_requeue(
@@ -604,74 +579,9 @@ def decide_requeue(
     exclude_nodes: Sequence[str] = (),
     job_state: str | None = None,
 ) -> RequeueDecision:
-    """How this job comes back, given how the attempt ended. Call it once the loop has decided to
-    give the allocation up without finishing (Action.REQUEUE, or a stop notice).
-
-    ``policy``: ``auto`` requeues explicitly where Slurm will not, ``always`` always explicitly
-    (resubmitting a job Slurm refuses to requeue), ``never`` leaves it to a resubmission loop.
-    ``how``: ``scontrol`` (``scontrol requeue $SLURM_JOB_ID``, after ``update_exclude`` when
-    ``exclude`` is set), ``slurm_will`` (just exit: Slurm requeues it), ``resubmit`` (sbatch the script
-    again: a new job id), ``none`` (the run ends with exit 75 for a resubmission loop, or for good).
-    """
-    cls = _as_class(child_outcome)
-    exclude = tuple(exclude_nodes)
-    if policy not in ("auto", "always", "never"):
-        raise ValueError(f"requeue policy {policy!r}; allowed: auto, always, never")
-
-    def no(reason: str) -> RequeueDecision:
-        return RequeueDecision(False, "none", reason)
-
-    if cls is FailureClass.COMPLETED:
-        return no("training is complete (the child exited 0): never requeue a finished run")
-    if cls is FailureClass.CANCELLED or (notice is not None and notice.failure_class is FailureClass.CANCELLED):
-        return no("cancelled by a person: not coming back")
-    if already_requeued or (job_state or "").upper() in _WAITING_STATES:
-        state = f" (state {job_state})" if job_state else ""
-        return no(f"the job is already requeued{state}: a requeue is asked for once, never twice")
-    if not in_slurm:
-        return no("not a Slurm job: nothing to requeue here; the run exits 75 for a resubmission loop")
-    if policy == "never":
-        return no("preemption.requeue=never: not requeueing; the run exits 75 for a resubmission loop")
-
-    time_limit = cls is FailureClass.TIME_LIMIT or (
-        notice is not None and notice.failure_class is FailureClass.TIME_LIMIT)
-    preempted = not time_limit and (cls is FailureClass.PREEMPTED or notice is not None)
-    if time_limit:
-        what = "time limit: Slurm never requeues a job that ran out of time"
-        if not requeue_on_time_limit:
-            return no("time limit and preemption.requeue_on_time_limit=false: not requeueing")
-    elif preempted:
-        what = "preempted"
-    elif cls in _HARDWARE:
-        what = f"{cls.value} on {', '.join(exclude) or 'this node'}"
-    else:
-        what = f"{cls.value}: the failure policy says requeue"
-    excl = f"; excluding {', '.join(exclude)}" if exclude else ""
-
-    if job_requeueable is False:
-        if policy == "always":
-            return RequeueDecision(True, "resubmit", f"{what}; the job is not requeueable (--no-requeue or "
-                                   f"JobRequeue=0), so scontrol requeue would be refused: the run exits 75 "
-                                   f"for `supervise submit` to resubmit the batch script as a new job{excl}",
-                                   exclude)
-        return no(f"{what}; the job is not requeueable (--no-requeue or JobRequeue=0): not requeueing; "
-                  "the run exits 75 (run it under `supervise submit` to come back as a new job)")
-
-    if preempted:
-        # The version fact lives in supervisor.slurm.requeue_policy (shared with the Slurm facade).
-        need = requeue_need(version_or_none(slurm_version), FailureClass.PREEMPTED)
-        if policy == "auto" and not need.explicit and job_requeueable is True:
-            return RequeueDecision(True, "slurm_will", f"{what}; {need.reason} (requeueable job, "
-                                   f"PreemptMode=REQUEUE; each such requeue counts toward MaxBatchRequeue){excl}",
-                                   exclude)
-        if need.explicit:
-            why = need.reason
-        elif job_requeueable is None:
-            why = "requeueability unknown: requeueing explicitly"
-        else:
-            why = "preemption.requeue=always"
-        return RequeueDecision(True, "scontrol", f"{what}; {why}: scontrol requeue{excl}", exclude)
-    if job_requeueable is None:
-        return RequeueDecision(True, "scontrol", f"{what}; requeueability unknown: trying scontrol requeue{excl}",
-                               exclude)
-    return RequeueDecision(True, "scontrol", f"{what}: scontrol requeue{excl}", exclude)
+    """:func:`supervisor.slurm.requeue_policy.requeue_decision`, with the notice as a caller holds it."""
+    return requeue_decision(RequeueFacts(
+        child_outcome=child_outcome, in_slurm=in_slurm, job_requeueable=job_requeueable,
+        slurm_version=version_or_none(slurm_version), notice_class=notice.failure_class if notice else None,
+        already_requeued=already_requeued, policy=policy, requeue_on_time_limit=requeue_on_time_limit,
+        exclude_nodes=tuple(exclude_nodes), job_state=job_state))

@@ -9,11 +9,10 @@ tightened. Bits are only ever removed: a file its owner made narrower (0600) sta
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
 import stat
-from pathlib import Path
+
+from .checkpoints.atomic import atomic_write_bytes
 
 __all__ = ["GROUP_READ", "OWNER_ONLY", "append_fd", "tighten", "write_atomic"]
 
@@ -43,29 +42,6 @@ def append_fd(path: str | os.PathLike[str], mode: int, *, cloexec: bool = True) 
 def write_atomic(path: str | os.PathLike[str], data: bytes, mode: int, *, durable: bool = True) -> None:
     """``path`` holds ``data`` at ``mode`` or narrower (a temp file beside it, fsynced, renamed over
     it): a reader, or a supervisor killed mid-write, never sees half a file, and the mode is right
-    from the first byte (a fresh ``O_EXCL`` file: the umask can only narrow it)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    if durable:
-        with contextlib.suppress(OSError):
-            dfd = os.open(path.parent if str(path.parent) else ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-
+    from the first byte (a fresh ``O_EXCL`` file: the umask can only narrow it). The writer is the
+    package's one temp-and-rename writer, supervisor/checkpoints/atomic.py."""
+    atomic_write_bytes(path, data, mode, durable=durable)

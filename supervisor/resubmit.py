@@ -3,13 +3,14 @@
 For clusters that cancel preempted jobs instead of requeueing them, and for allocations that end
 (time limits), someone has to submit the script again until training is complete. This module:
 
-* decides, purely, what to do once a job of the run has ended for good (:func:`decide_next`):
+* decides, purely, what to do once a job of the run has ended for good (:func:`decide_next`, in
+  supervisor/slurm/requeue_policy.py with the other requeue decisions):
   resubmit while the run is neither complete nor stopped by policy/budget; done when the event log
   says ``complete``; stop on ``stopped``/``failed``, an exhausted budget, a person's cancel, or the
   submission limit;
 * reads the run directory's event log (owned by the live supervisor of the run: read only, never
   written) for the job's ``run_end`` and for the progress line;
-* keeps its own append-only ledger, ``<run>/supervisor/submissions.jsonl``, one line per submission;
+* keeps its own append-only record, ``<run>/supervisor/submissions.jsonl``, one line per submission;
 * follows a job that Slurm requeues (same id, Restarts+1, PENDING again) instead of resubmitting it,
   and never cancels a job: a pending job's queue age is worth keeping.
 
@@ -40,110 +41,13 @@ from .private import GROUP_READ, append_fd
 from .redact import redact_value
 from .slurm import JobInfo
 from .slurm.qos_limits import limit_of_pending_reason, limit_of_sbatch_error, wait_for_limit
+from .slurm.requeue_policy import decide_next  # with every other requeue decision
 from .states import SubmitAction
 
 log = logging.getLogger("supervisor.submit")
 
 SUBMISSIONS_FILE = "submissions.jsonl"
-# Job states after which the run should come back: the scheduler ended the allocation, not the run.
-COME_BACK_STATES = frozenset({"PREEMPTED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL"})
 INTERRUPTED_EXIT = 130
-
-
-# ---------------------------------------------------------------------------------------------
-# The decision
-
-
-@dataclass(frozen=True)
-class NextStep:
-    """What to do after a job ended for good. ``outcome`` and ``exit_code`` are what
-    ``supervise submit`` reports and exits with when it ends here (``resubmit``/0 otherwise):
-    complete 0, stopped (policy or budget) 4, failed / cancelled / gave_up 1."""
-
-    action: SubmitAction
-    reason: str
-    outcome: str
-    exit_code: int
-
-
-def _state_of(job: Any) -> str:
-    state = str(getattr(job, "state", None) or "UNKNOWN").strip().upper()
-    return state.split()[0] if state else "UNKNOWN"  # "CANCELLED by 0" -> CANCELLED
-
-
-def describe_job(job: Any) -> str:
-    """``job 12 ended PREEMPTED (exit 0:15)``: the facts a person checks first."""
-    job_id = getattr(job, "job_id", "?")
-    state = _state_of(job)
-    if state == "UNKNOWN":
-        return f"job {job_id} ended (Slurm no longer knows it)"
-    code, sig = getattr(job, "exit_code", None), getattr(job, "exit_signal", None)
-    exit_text = f" (exit {code}:{sig or 0})" if code is not None else ""
-    return f"job {job_id} ended {state}{exit_text}"
-
-
-def cancelled_by_person(job: Any) -> bool:
-    """CANCELLED with no PreemptTime: scancel by a person (a preemption cancel shows PreemptTime)."""
-    return _state_of(job).startswith("CANCELLED") and getattr(job, "preempt_time", None) is None
-
-
-def decide_next(
-    job_final: Any,
-    run_end: Mapping[str, Any] | None,
-    submissions: int,
-    max_submissions: int,
-    budget_verdict: BudgetVerdict | None,
-) -> NextStep:
-    """What to do once ``job_final`` (a :class:`JobInfo`-like: state, preempt_time, exit_code) has
-    ended for good. ``run_end``: the fields of the ``run_end`` event the run's supervisor wrote in
-    that job (None when it wrote none: killed, never started); ``submissions``: jobs submitted so
-    far, this one included; ``budget_verdict``: :func:`supervisor.budget.judge` over the run's
-    ledger (None = not judged). The event log's word beats the job state: a supervisor that handed
-    the run back exits 75, so its job may look FAILED or COMPLETED to Slurm."""
-    job = describe_job(job_final)
-    outcome = str(run_end.get("outcome")) if run_end and run_end.get("outcome") is not None else None
-    why = str(run_end.get("reason") or "no reason recorded") if run_end else ""
-
-    def stop(kind: str, code: int, reason: str) -> NextStep:
-        return NextStep(SubmitAction.STOP, reason, kind, code)
-
-    if outcome == "complete":
-        said = run_end is not None and bool(run_end.get("reason"))
-        return NextStep(SubmitAction.DONE, f"{job}: {why if said else 'training complete'}",
-                        "complete", ExitCode.OK)
-    if outcome == "stopped":
-        return stop("stopped", ExitCode.STOPPED, f"{job}: the supervisor stopped the run: {why}; not resubmitting")
-    if outcome == "failed":
-        return stop("failed", ExitCode.FAILED, f"{job}: the run failed: {why}; not resubmitting")
-    if outcome == "interrupted":
-        return stop("cancelled", ExitCode.FAILED, f"{job}: the supervisor was interrupted ({why}); not resubmitting")
-    if cancelled_by_person(job_final):
-        return stop("cancelled", ExitCode.FAILED, f"{job} without a preemption: cancelled by a person (scancel); "
-                                                  "not resubmitting")
-
-    state = _state_of(job_final)
-    preempted = getattr(job_final, "preempt_time", None) is not None
-    if outcome == "requeue":
-        come_back = f"{job}; the supervisor handed the run back: {why}"
-    elif outcome is not None:
-        return stop("failed", ExitCode.FAILED, f"{job} with an unknown run_end outcome {outcome!r}; not resubmitting")
-    elif state in COME_BACK_STATES or (state.startswith("CANCELLED") and preempted):
-        come_back = f"{job} before its supervisor recorded an end: the allocation was taken away"
-    else:
-        return stop("failed", ExitCode.FAILED,
-                    f"{job} and its supervisor recorded no run_end in the run directory: it never started or "
-                    "was killed (is the run directory the one the script passes to `supervise run --run-dir`?); "
-                    "see the job's output; not resubmitting")
-
-    if budget_verdict is not None and not budget_verdict.ok:
-        return stop("stopped", ExitCode.STOPPED,
-                    f"{come_back}; but budget {budget_verdict.budget} is exhausted: {budget_verdict.reason}; "
-                    "not resubmitting")
-    if submissions >= max_submissions:
-        return stop("gave_up", ExitCode.FAILED,
-                    f"{come_back}; {submissions} of at most {max_submissions} submissions used: giving up "
-                    "(raise --max-submissions to go on)")
-    return NextStep(SubmitAction.RESUBMIT, f"{come_back}: resubmitting", "resubmit", ExitCode.OK)
 
 
 def judge_for_resubmission(events: Sequence[Event], budget: BudgetConfig) -> BudgetVerdict:
@@ -366,7 +270,7 @@ def sbatch_args_with_exclude(args: Sequence[str], nodes: Sequence[str]) -> list[
 
 
 # ---------------------------------------------------------------------------------------------
-# The submissions ledger
+# The submissions record
 
 
 def submissions_path(run_dir: Path) -> Path:
@@ -491,14 +395,14 @@ class SubmitLoop:
         self.limit_wait_cap = max(poll, limit_wait_cap if limit_wait_cap is not None else min(300.0, 8 * poll))
         self.limit_waits = 0  # how often a QOS limit held the run back (submissions and pending polls)
 
-    def _ledger_exclusions(self) -> list[Any]:
+    def _node_ledger_exclusions(self) -> list[Any]:
         """Nodes the ledger holds enough hardware evidence against (``nodes.exclude_after``)."""
         if self.nodes is None:
             return []
-        from .nodes import NodeLedger, current_exclusions, ledger_path
+        from .nodes import NodeLedger, current_exclusions, node_ledger_path
 
-        found, problem = current_exclusions(NodeLedger(ledger_path(self.nodes, self.environ), self.nodes.max_bytes),
-                                            self.clock(), self.nodes)
+        node_ledger = NodeLedger(node_ledger_path(self.nodes, self.environ), self.nodes.max_bytes)
+        found, problem = current_exclusions(node_ledger, self.clock(), self.nodes)
         if problem:
             log.warning("%s", problem)
         probe = getattr(self.backend, "node_state", None)
@@ -548,10 +452,10 @@ class SubmitLoop:
 
     # ---- steps ----------------------------------------------------------------------------------
     def _submit(self, reason: str) -> Submission:
-        from_ledger = [x for x in self._ledger_exclusions() if x.node not in self.excluded]
-        for item in from_ledger:
+        from_node_ledger = [x for x in self._node_ledger_exclusions() if x.node not in self.excluded]
+        for item in from_node_ledger:
             log.warning("excluding %s: %s", item.node, item.reason)
-        args = sbatch_args_with_exclude(self.sbatch_args, (*self.excluded, *(x.node for x in from_ledger)))
+        args = sbatch_args_with_exclude(self.sbatch_args, (*self.excluded, *(x.node for x in from_node_ledger)))
         tries = 0
         while True:
             try:
@@ -571,7 +475,7 @@ class SubmitLoop:
         append_submission(submissions_path(self.paths.run_dir), {
             "ts": round(self.clock(), 3), "job_id": job_id, "script": str(self.script), "reason": reason,
             "submission": len(self.submissions), "sbatch_args": args, "host": socket.gethostname(),
-            "excluded_by_ledger": [{"node": x.node, "reason": x.reason} for x in from_ledger],
+            "excluded_by_ledger": [{"node": x.node, "reason": x.reason} for x in from_node_ledger],
         })
         log.info("submitted job %s (submission %d of at most %d): %s", job_id, len(self.submissions),
                  self.max_submissions, reason)

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .checkpoints.atomic import fsync_dir
+from .checkpoints.atomic import atomic_write_bytes, fsync_dir
 from .commit_marker import (  # the marker's names and check: re-exported, callers know them from here
     MARKER,
     MARKER_KIND,
@@ -192,20 +192,9 @@ def sync_tree(root: Path) -> list[str]:
 
 
 def _write_durably(path: Path, data: bytes) -> None:
-    """``path`` gets ``data`` whole or not at all: temp file, fsync, rename, fsync the dir."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
+    """``path`` gets ``data`` whole or not at all, readable by the group and others like the shards
+    beside it (supervisor/checkpoints/atomic.py: temp file, fsync, rename, fsync the dir)."""
+    atomic_write_bytes(path, data, 0o644)
 
 
 # ------------------------------------------------------------------------------------ the save

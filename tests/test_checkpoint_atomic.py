@@ -116,3 +116,20 @@ def test_prune_keeps_two_valid_and_the_protected_ones(tmp_path: Path) -> None:
 def test_atomic_module_imports_without_torch() -> None:
     code = "import sys, supervisor.checkpoints.atomic; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o644])
+@pytest.mark.parametrize("durable", [True, False])
+def test_the_one_writer_gives_the_mode_asked_for_whatever_the_umask(tmp_path: Path, mode: int, durable: bool) -> None:
+    # The supervisor's files (supervisor/private.py) and the sharded commit markers go through this
+    # writer: a file that can hold a command line gets its documented bits, even over a wider file.
+    target = tmp_path / "owner.json"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o666)
+    old_umask = os.umask(0)
+    try:
+        atomic_write_bytes(target, b"new", mode, durable=durable)
+    finally:
+        os.umask(old_umask)
+    assert target.read_bytes() == b"new" and (target.stat().st_mode & 0o777) == mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["owner.json"]  # no temp file left

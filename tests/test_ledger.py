@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from supervisor.budget import judge, run_verdict, stop_cause
+from supervisor.budget import judge, run_verdict, stopped_by
 from supervisor.cli import main
 from supervisor.config import BudgetConfig
 from supervisor.events import Ev, Event, EventLog
@@ -230,13 +230,13 @@ def test_run_verdict_reads_stopped_by_when_the_loop_writes_it():
     verdict = run_verdict(log.events, BudgetConfig())
     assert (verdict.ok, verdict.budget, verdict.reason) == \
         (False, "max_total_restarts", "4 crashes across the run; at most 3")
-    assert stop_cause({"reason": "resume audit failed: started at 0", "stopped_by": "resume_audit"}) == \
+    assert stopped_by({"reason": "resume audit failed: started at 0", "stopped_by": "resume_audit"}) == \
         ("resume_audit", "resume audit failed: started at 0")
-    assert stop_cause({"reason": "budget same_failure_limit exhausted: crash loop"}) == \
+    assert stopped_by({"reason": "budget same_failure_limit exhausted: crash loop"}) == \
         ("same_failure_limit", "crash loop")
-    assert stop_cause({"reason": "device_assert: policy says stop, a person must act"})[0] == \
+    assert stopped_by({"reason": "device_assert: policy says stop, a person must act"})[0] == \
         "policy.device_assert.action"
-    assert stop_cause({})[0] is None
+    assert stopped_by({})[0] is None
 
 
 def test_audit_and_report_show_the_stop_and_exit_1(tmp_path: Path):

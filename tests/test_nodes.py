@@ -22,7 +22,7 @@ from supervisor.nodes import (
     NodeLedger,
     current_exclusions,
     exclusions,
-    ledger_path,
+    node_ledger_path,
     parse_record,
     record_cleared,
     record_failure,
@@ -143,8 +143,8 @@ def test_a_ledger_that_cannot_be_written_does_not_raise(tmp_path: Path) -> None:
 
 def test_the_ledger_path_comes_from_the_config_or_its_environment_variable(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path), "SUPERVISE_NODES__LEDGER": "~/shared/nodes.jsonl"}
-    assert ledger_path(load_config(environ=env).nodes, env) == tmp_path / "shared" / "nodes.jsonl"
-    assert ledger_path(NodesConfig(), {"HOME": str(tmp_path)}) == tmp_path / ".cache/slurm-supervisor/nodes.jsonl"
+    assert node_ledger_path(load_config(environ=env).nodes, env) == tmp_path / "shared" / "nodes.jsonl"
+    assert node_ledger_path(NodesConfig(), {"HOME": str(tmp_path)}) == tmp_path / ".cache/slurm-supervisor/nodes.jsonl"
     with pytest.raises(ConfigError, match="nodes.hardware"):
         load_config(environ={"SUPERVISE_NODES__HARDWARE": "[segfaults]"})
 

@@ -9,6 +9,13 @@ cannot reach disk before the data: ext4 delalloc, NFS writeback), ``os.replace``
 symlink itself, never writes through it), fsync the directory (so the rename survives a crash).
 A kill at any moment leaves either the old file or the new one, plus at worst a hidden temp file
 that validators ignore.
+
+This is the one temp-and-rename writer of the package: the supervisor's own files go through it too
+(supervisor/private.py gives them their explicit modes), and so do the commit markers and rank
+notes of a sharded save (supervisor/sharded.py). ``mode`` is the new file's permission bits (the
+temp file is created ``O_EXCL`` with them, so the umask can only narrow them and the file never
+exists with wider bits); ``durable=False`` skips the two fsyncs where a file is rewritten often and
+losing its newest version to a crash costs nothing (a lock's owner note, a metrics snapshot).
 """
 
 from __future__ import annotations
@@ -44,30 +51,34 @@ def fsync_dir(directory: str | os.PathLike[str]) -> None:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
-    """Yield a binary file; on a clean exit it becomes ``path`` atomically and durably. On an
+def atomic_writer(path: str | os.PathLike[str], mode: int = 0o666, *, durable: bool = True) -> Iterator[BinaryIO]:
+    """Yield a binary file; on a clean exit it becomes ``path`` atomically (and durably, unless
+    ``durable=False``), with permission bits ``mode`` or narrower (the umask applies). On an
     exception the temp file is removed and ``path`` is untouched."""
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(f"{path} is a directory (a DeepSpeed/Lightning checkpoint dir?): not replaced")
     directory = path.parent if str(path.parent) else Path(".")
     tmp = temp_path_for(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), mode)
     try:
         with os.fdopen(fd, "wb") as handle:
             yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
-    with atomic_writer(path) as handle:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, mode: int = 0o666, *, durable: bool = True) -> None:
+    """``path`` holds ``data`` whole or not at all (see :func:`atomic_writer`)."""
+    with atomic_writer(path, mode, durable=durable) as handle:
         handle.write(data)
 
 

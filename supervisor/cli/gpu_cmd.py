@@ -116,14 +116,14 @@ def check_gpu(as_json: bool, timeout: float, python: str | None, indices: tuple[
 def _record(verdict: GpuVerdict) -> None:
     """A verdict that judged the GPU goes into the node ledger; 'cannot check' says nothing about it."""
     from ..config import load_config
-    from ..nodes import NodeLedger, ledger_path, record_gpu_check
+    from ..nodes import NodeLedger, node_ledger_path, record_gpu_check
 
     if not verdict.checkable:
         click.echo("supervise: not recorded in the node ledger: the GPU could not be checked", err=True)
         return
     cfg = load_config().nodes
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    path = ledger_path(cfg)
+    path = node_ledger_path(cfg)
     entry = record_gpu_check(node, verdict.ok, verdict.reason, ts=time.time(), job_id=os.environ.get("SLURM_JOB_ID"))
     if not NodeLedger(path, cfg.max_bytes).append(entry):
         click.echo(f"supervise: warning: could not record the verdict in {path}", err=True)

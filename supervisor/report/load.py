@@ -249,7 +249,7 @@ def build_report(run_dir: Path, *, config: SupervisorConfig | None = None,
 
 
 def with_accounting(rep: Report, paths: RunPaths, query: SacctQuery | None) -> Report:
-    """``rep`` with Slurm's history of the jobs its event log and submissions ledger name, asked
+    """``rep`` with Slurm's history of the jobs its event log and submissions record name, asked
     now (see docs/report.md, "Slurm's own history"). Never raises: what went wrong is one line."""
     from ..resubmit import read_submissions, submissions_path
     from ..slurm.accounting import query_sacct

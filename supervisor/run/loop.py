@@ -27,13 +27,13 @@ from ..events import Ev, EventLog
 from ..failures import classify
 from ..ledger import newest_save
 from ..lock import RunLock
-from ..preemption import decide_requeue
 from ..signals import SignalInbox, signal_number
 from ..slurm.requeue_policy import (
-    STAY_AFTER_DEADLINE_S, RequeueCallPlan, RequeueFallback, call_deadline, plan_requeue_call, settle_read_timeout,
+    STAY_AFTER_DEADLINE_S, RequeueCallPlan, RequeueFacts, RequeueFallback, RequeueHow, call_deadline, plan_requeue_call,
+    requeue_decision, settle_read_timeout,
 )
 from ..slurm.stop_cause import StopCause
-from ..slurm.version import DEFAULT_MAX_BATCH_REQUEUE, SlurmVersion
+from ..slurm.version import version_or_none
 from ..slurm import SlurmEnv, get_backend
 from ..states import Action, FailureClass, RunOutcome
 from . import notice as notices
@@ -346,14 +346,17 @@ class Runner:
             exclude = self.add_ons.nodes_to_exclude(ctx, state, exclude)  # the node ledger's, where it is wired
         verdict = state.slurm.verdict
         already = verdict is not None and verdict.cause is StopCause.REQUEUED
-        decision = decide_requeue(child_outcome=cls, in_slurm=bool(job_id),
-                                  job_requeueable=getattr(info, "requeue", None), slurm_version=version,
-                                  notice=state.notice, already_requeued=already,
-                                  job_state=str(getattr(info, "state", "") or "") or None,
-                                  policy=ctx.cfg.preemption.requeue,
-                                  requeue_on_time_limit=ctx.cfg.preemption.requeue_on_time_limit,
-                                  exclude_nodes=exclude)
-        held_next = will_be_held(version, decision.how, info)
+        known = version_or_none(version)
+        notice = state.notice
+        decision = requeue_decision(RequeueFacts(
+            child_outcome=cls, in_slurm=bool(job_id), job_requeueable=getattr(info, "requeue", None),
+            slurm_version=known, notice_class=notice.failure_class if notice is not None else None,
+            already_requeued=already, policy=ctx.cfg.preemption.requeue,
+            requeue_on_time_limit=ctx.cfg.preemption.requeue_on_time_limit, exclude_nodes=exclude,
+            job_state=str(getattr(info, "state", "") or "") or None,
+            restarts=(getattr(info, "restarts", 0) or 0) if info is not None else None,
+            job_id=getattr(info, "job_id", "JOB") if info is not None else None))
+        held_next = decision.held
         if held_next:
             ctx.emit(Ev.WARNING, attempt=state.attempt, reason=held_next, held=True,
                      command=f"scontrol release {job_id}")
@@ -361,14 +364,12 @@ class Runner:
         ctx.emit(Ev.REQUEUE, attempt=state.attempt, job_id=job_id,
                  held=bool(getattr(info, "is_held", False)) or bool(held_next), **decision.to_event())
         result = self._end(RunOutcome.REQUEUE, ExitCode.REQUEUE, f"{cls.value}: {reason}; {decision.reason}", state)
-        if decision.do and decision.how == "scontrol" and job_id:
+        if decision.do and decision.how is RequeueHow.SCONTROL and job_id:
             # run_end is already written: scontrol requeue ends this job step at once. The exclude
             # list is changed by the facade after the requeue (22.05 refuses it on a running job).
-            notice = state.notice
             plan = plan_requeue_call(ctx.clock.now(), notice.deadline if notice is not None else None,
                                      ctx.cfg.preemption.margin, notice.failure_class if notice is not None else cls,
-                                     SlurmVersion.of(version) if version is not None else None,
-                                     getattr(info, "requeue", None))
+                                     known, getattr(info, "requeue", None))
             self._call_requeue(state, decision.exclude, plan)
         return result
 
@@ -508,23 +509,6 @@ class _RequeueCall:
 
     def finished(self) -> bool:
         return self._done.is_set()
-
-
-def will_be_held(version: Any, how: str, info: Any) -> str | None:
-    """From 24.05 a job that leaves during its grace is requeued by Slurm through the batch-requeue
-    path, which counts toward MaxBatchRequeue (5 by default) and then *holds* the job: it would
-    stay pending until a person releases it. Nobody of this run is alive then to do it, so say so
-    now, with the exact command (docs/slurm-versions.md)."""
-    ver = SlurmVersion.of(version) if version is not None else None
-    if ver is None or how != "slurm_will" or not ver.holds_after_max_batch_requeue or info is None:
-        return None
-    restarts = getattr(info, "restarts", 0) or 0
-    if restarts + 1 < DEFAULT_MAX_BATCH_REQUEUE:
-        return None
-    job = getattr(info, "job_id", "JOB")
-    return (f"Slurm {ver.release} will hold job {job} after this requeue (MaxBatchRequeue: requeue "
-            f"{restarts + 1} of at most {DEFAULT_MAX_BATCH_REQUEUE}): it stays pending until released with "
-            f"`scontrol release {job}` (or run it under `supervise submit`, which releases held jobs)")
 
 
 def _claim(failure: Any) -> dict[str, Any]:

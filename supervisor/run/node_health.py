@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 from ..events import Ev
 from ..failures import Failure, evidence_node
-from ..nodes import NodeLedger, NodeRecord, current_exclusions, ledger_path, record_failure, record_loss_anomaly
+from ..nodes import NodeLedger, NodeRecord, current_exclusions, node_ledger_path, record_failure, record_loss_anomaly
 from ..nodes import record_slow_node
 from ..progress import LossVerdict
 from ..slownode import SlowNodeTracker
@@ -48,7 +48,7 @@ class NodeHealth(AddOn):
         """Add a record to the node health ledger, on a background thread (never waits, never raises)."""
         try:
             if self._ledger is None:
-                self._ledger = NodeLedger(ledger_path(ctx.cfg.nodes, ctx.environ), ctx.cfg.nodes.max_bytes)
+                self._ledger = NodeLedger(node_ledger_path(ctx.cfg.nodes, ctx.environ), ctx.cfg.nodes.max_bytes)
             self._writes = [t for t in self._writes if t.is_alive()]
             self._writes.append(self._ledger.append_in_background(record))
         except Exception as exc:  # noqa: BLE001 - the ledger is advice
@@ -90,7 +90,7 @@ class NodeHealth(AddOn):
         """``exclude`` plus the nodes the ledger holds enough hardware evidence against, from every run,
         that this cluster has (the ledger is the user's, across clusters); each added node is said in a
         warning with its reason."""
-        ledger = NodeLedger(ledger_path(ctx.cfg.nodes, ctx.environ), ctx.cfg.nodes.max_bytes)
+        ledger = NodeLedger(node_ledger_path(ctx.cfg.nodes, ctx.environ), ctx.cfg.nodes.max_bytes)
         found, problem = current_exclusions(ledger, ctx.clock.now(), ctx.cfg.nodes)
         if problem:
             log.warning("%s", problem)

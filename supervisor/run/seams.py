@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol, Sequence
 from ..child import Child, ChildExit, ChildSpec
 from ..signals import ReceivedSignal, SignalInbox
 from ..slurm.grace import ClusterGrace
+from ..slurm.version import SlurmVersion
 
 log = logging.getLogger("supervisor.run")
 
@@ -83,7 +84,7 @@ class SlurmView(Protocol):
 
     def job_info_now(self, timeout: float) -> Any | None: ...  # after the child ended: wait a bounded time
 
-    def version(self) -> tuple[int, ...] | None: ...
+    def version(self) -> SlurmVersion | None: ...
 
     def grace(self) -> ClusterGrace | None: ...  # the configured GraceTime, once it has been read
 
@@ -212,7 +213,7 @@ class BackgroundSlurm:
         self._latest: _Answer | None = None
         self._busy = threading.Event()
         self._done = threading.Event()
-        self._version: tuple[int, ...] | None = None
+        self._version: SlurmVersion | None = None
         self._grace: ClusterGrace | None = None
         self._grace_known = False  # answered (a grace, or "none applies")
         self._grace_tries = 0
@@ -305,7 +306,7 @@ class BackgroundSlurm:
         self._done.wait(timeout)
         return self.job_info()
 
-    def version(self, timeout: float = VERSION_WAIT_S) -> tuple[int, ...] | None:
+    def version(self, timeout: float = VERSION_WAIT_S) -> SlurmVersion | None:
         """The Slurm version, asked once on a worker thread: a hanging ``scontrol --version`` holds
         the caller at most ``timeout`` seconds the first time and never again (None meanwhile)."""
         if self._version is not None or not self.job_id:
@@ -324,7 +325,7 @@ class BackgroundSlurm:
 
     def _ask_version(self) -> None:
         try:
-            self._version = tuple(self._get_backend().version())
+            self._version = SlurmVersion.of(self._get_backend().version())
         except Exception:
             pass
 

@@ -296,7 +296,8 @@ def parse_sbatch_job_id(text: str) -> int:
 
 def parse_version(text: str) -> SlurmVersion:
     """``slurm 22.05.8`` / ``slurm-wlm 22.05.8`` / ``slurm 24.05.0-0rc1`` to a :class:`SlurmVersion`
-    (a ``(major, minor, patch)`` tuple with capability properties)."""
+    (a ``(major, minor, patch)`` tuple with capability properties). The parsing is
+    :meth:`SlurmVersion.parse`, the only one; this raises the facade's :class:`SlurmParseError`."""
     try:
         return SlurmVersion.parse(text)
     except SlurmVersionError as exc:

@@ -39,6 +39,7 @@ from enum import Enum
 from typing import Any
 
 from .parse import JobInfo
+from .requeue_policy import already_requeued, node_failure_requeue, preempted_exit
 from .version import SlurmVersion
 
 # Reasons Slurm gives a job whose node failed (scontrol's Reason; the first two are the usual ones).
@@ -114,7 +115,7 @@ def stop_cause(
     """
     sig = _norm(signal_name)
     limit_sig = _norm(time_limit_signal)
-    ver = SlurmVersion.of(version) if version is not None else None
+    ver = SlurmVersion.of(version)
     if info is None:
         return StopVerdict(StopCause.UNKNOWN, "no job record (not a Slurm job, or Slurm could not be asked)",
                            fields={"signal": sig})
@@ -142,7 +143,7 @@ def stop_cause(
                            + ": a node of the job failed; "
                            + ("Slurm requeues a requeueable batch job by itself" if info.requeue
                               else "the job is not requeueable"),
-                           slurm_requeues=bool(info.requeue and info.batch_flag) or (True if info.is_pending else None),
+                           slurm_requeues=node_failure_requeue(info.requeue, info.batch_flag, info.is_pending),
                            fields=facts)
     if info.has_state("TIMEOUT") or reason == "TimeLimit":
         return StopVerdict(StopCause.TIME_LIMIT, f"JobState={info.state} Reason={reason or 'None'}: the job "
@@ -150,7 +151,7 @@ def stop_cause(
     if info.has_state("PREEMPTED"):
         return StopVerdict(StopCause.PREEMPTED, "JobState=PREEMPTED: preempted and ended (PreemptMode=CANCEL, "
                            "or the record of a run Slurm already requeued)", slurm_requeues=False, fields=facts)
-    if info.is_pending or (expected_restarts is not None and info.restarts > expected_restarts):
+    if already_requeued(info.is_pending, info.restarts, expected_restarts):
         held = " and HELD: it runs again only after `scontrol release`" if info.is_held else ""
         return StopVerdict(StopCause.REQUEUED,
                            f"already requeued (JobState={info.state}, Reason={reason or 'None'}, "
@@ -158,18 +159,9 @@ def stop_cause(
                            f"{held}: it will run again; a requeue is asked for once, never twice",
                            slurm_requeues=True, fields={**facts, "held": info.is_held})
     if info.preempt_time is not None:
-        if ver is None:
-            then, will = "whether Slurm requeues an exit during grace depends on the version (unknown)", None
-        elif not info.requeue:
-            then, will = "the job is not requeueable: Slurm will not requeue it", False
-        elif ver.requeues_on_exit_during_grace:
-            then, will = (f"Slurm {ver.release} requeues a preempted job that exits during its grace "
-                          "(that requeue counts toward MaxBatchRequeue)"), True
-        else:
-            then, will = (f"Slurm {ver.release} finishes a preempted job that exits during its grace "
-                          "without requeue (only one that stays to the grace's end is requeued)"), False
-        return StopVerdict(StopCause.PREEMPTED, f"PreemptTime set (JobState={info.state}): preempted; {then}",
-                           slurm_requeues=will, fields=facts)
+        will = preempted_exit(ver, info.requeue)
+        return StopVerdict(StopCause.PREEMPTED, f"PreemptTime set (JobState={info.state}): preempted; {will.reason}",
+                           slurm_requeues=will.requeues, fields=facts)
     if state == "COMPLETING" and info.end_time is None:
         return StopVerdict(StopCause.REQUEUED, "JobState=COMPLETING with EndTime cleared and no PreemptTime: the "
                            "job is being requeued (scontrol requeue); it will run again", slurm_requeues=True,

@@ -5,6 +5,10 @@ The supervisor learns the version once (``scontrol --version``: ``slurm 24.11.5`
 names the behaviour it stands for and how it was established; docs/slurm-versions.md has the table
 and the test behind each row. Pure: text in, frozen data out.
 
+The one version parser is :meth:`SlurmVersion.parse` (text, strict); :meth:`SlurmVersion.of` takes
+whatever a caller holds and :func:`version_or_none` is the lenient reading of events and records.
+Everything else (``slurm.parse.parse_version``, the backends, the requeue decision) goes through them.
+
 ``SlurmVersion`` is a tuple ``(major, minor, patch)``, so it still compares with plain tuples
 (``version >= (24, 5)``) and slices (``version[:2]``) wherever a tuple was used before.
 """
