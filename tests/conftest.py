@@ -15,6 +15,7 @@ Debian root (tests/slurm_roots/; built on first use, cached after). Tests stay v
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -164,3 +165,15 @@ def slurm_job_dir(slurm_cluster: cluster_lib.Cluster, request: pytest.FixtureReq
             slurm_cluster.wait_idle(timeout=20)
         except cluster_lib.ClusterError:
             pass  # the next test's own waits will say what is wrong
+
+
+@pytest.fixture(autouse=True)
+def _supervisor_logger_as_it_was() -> Iterator[None]:
+    """A CLI command run in-process (click's CliRunner) points the ``supervisor`` logger at its own
+    stderr handler and stops propagation (supervisor/cli/common.py); restored after each test, so a
+    later test's ``caplog`` sees the records whatever ran before it on the same worker."""
+    logger = logging.getLogger("supervisor")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
