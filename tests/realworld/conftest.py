@@ -36,6 +36,16 @@ def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_litgpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What litgpt's pretrain reads (``litgpt_setup.py``): a tokenizer, litdata chunks, its config."""
+    root = tmp_path_factory.mktemp("tiny_litgpt")
+    res = subprocess.run([sys.executable, str(HERE / "litgpt_setup.py"), str(root)],
+                         capture_output=True, text=True, timeout=300, env={**_base_env(), **CHILD_ENV})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root
+
+
 def _base_env() -> dict[str, str]:
     import os
 
@@ -55,6 +65,8 @@ def make_workdir(tmp_path: Path, request: pytest.FixtureRequest):
             hf = request.getfixturevalue("tiny_hf")
             shutil.copytree(hf / "model", workdir / "model")
             shutil.copytree(hf / "data", workdir / "data")
+        elif key == "litgpt":
+            shutil.copytree(request.getfixturevalue("tiny_litgpt"), workdir, dirs_exist_ok=True)
         return workdir
 
     return make
