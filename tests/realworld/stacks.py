@@ -194,18 +194,6 @@ STACKS: tuple[Stack, ...] = (
         needs=("lightning",),
     ),
     Stack(
-        key="fabric", stack="Lightning Fabric, litgpt conventions",
-        script="tests/realworld/scripts/fabric_style.py: fabric.save to out/pretrain/step-<8 digits>/lit_model.pth",
-        save_interval=20, max_steps=1000, checkpoint_dir="out/pretrain", resume_arg="--resume {path}/lit_model.pth",
-        path_is="the step-<8 digits> directory (the script takes the file in it)",
-        command=lambda w: [PY, str(SCRIPTS / "fabric_style.py"), "--save_interval", "20", "--max_steps", "1000"],
-        log=ChildLog(progress=_group(r"\| iter \d+ step (\d+) \|"),
-                     saved=_group(r"^Saving checkpoint to '\S*step-0*(\d+)/lit_model.pth'"),
-                     resumed=_group(r"^Resuming training from \S*step-0*(\d+)/lit_model.pth"),
-                     save_announced_before_write=True),
-        needs=("lightning",),
-    ),
-    Stack(
         key="litgpt", stack="Lightning Fabric: litgpt pretrain",
         script="litgpt's pretrain.py of the installed litgpt (a public script, unchanged), run as `python -m litgpt "
                "pretrain`: fabric.save to out/pretrain/step-<8 digits>/lit_model.pth",
