@@ -104,8 +104,10 @@ def write_streaming_data(text_dir: Path, out_dir: Path, tokenizer_dir: Path) -> 
 LITGPT_PIN = "litgpt==0.5.13"
 LITGPT_PRETRAIN_SHA256 = "03964908724f48f6d4a07ab8abc7680c3e60996bdad51dbe33bbf1d2de709ca9"
 # litgpt's own requirements ask for an older huggingface_hub and jsonargparse than transformers and the
-# rest of the test extra use; so .ci/run installs these without their dependencies (SOURCES.md says why).
-INSTALL = "pip install --no-deps litgpt==0.5.13 litdata==0.2.59 tifffile==2026.3.3 obstore==0.12.1"
+# rest of the test extra use; so .ci/run installs these without their dependencies, then the few
+# modules they import that the extra lacks (SOURCES.md says why).
+INSTALL = ("pip install --no-deps litgpt==0.5.13 litdata==0.2.59 tifffile==2026.3.3 obstore==0.12.1 && "
+           "pip install 'jsonargparse[signatures]==4.53.0' boto3==1.43.11 requests==2.34.2")
 
 
 def pretrain_script() -> Path:

@@ -197,9 +197,9 @@ STACKS: tuple[Stack, ...] = (
         key="litgpt", stack="Lightning Fabric: litgpt pretrain",
         script="litgpt's pretrain.py of the installed litgpt (a public script, unchanged), run as `python -m litgpt "
                "pretrain`: fabric.save to out/pretrain/step-<8 digits>/lit_model.pth",
-        save_interval=20, max_steps=400, checkpoint_dir="out/pretrain", resume_arg="--resume {path}/lit_model.pth",
+        save_interval=20, max_steps=200, checkpoint_dir="out/pretrain", resume_arg="--resume {path}/lit_model.pth",
         path_is="the step-<8 digits> directory (litgpt takes the file in it)",
-        command=lambda w: pretrain_command(PY, save_interval=20, steps=400),
+        command=lambda w: pretrain_command(PY, save_interval=20, steps=200),
         log=ChildLog(progress=_group(r"^Epoch \d+ \| iter \d+ step (\d+) \|"),
                      saved=_group(r"^Saving checkpoint to '\S*step-0*(\d+)/lit_model.pth'"),
                      resumed=_group(r"^Resuming training from \S*step-0*(\d+)/lit_model.pth"),
