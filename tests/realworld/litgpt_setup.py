@@ -1,11 +1,12 @@
 """What litgpt's own ``pretrain`` needs to run offline on a CPU in seconds, made locally: a
 word-level tokenizer directory (``tokenizer.json`` + ``tokenizer_config.json``, the two files litgpt's
-``Tokenizer`` reads), plain-text training and validation files for its ``TextFiles`` data module, and
-a ``--config`` YAML with a tiny custom ``model_config`` (1 layer, 32 wide) and the training settings.
+``Tokenizer`` reads), training and validation text cut into litdata's chunks (what litgpt's ``LitData``
+data module reads), and a ``--config`` file with a tiny custom ``model_config`` (1 layer, 32 wide) and
+the training settings.
 
 Nothing here is litgpt's code: the script the suite runs is the installed package's ``pretrain.py``,
-unchanged (``stacks.py`` pins its SHA-256). Only ``tokenizers`` is imported (no torch, no litgpt), so
-the working directory is made in the test process in a few milliseconds.
+unchanged (``pretrain_script`` checks its SHA-256). ``make`` imports litdata (and so torch): the
+suite runs this file in a subprocess, once per session (conftest.py's ``tiny_litgpt``).
 
 Usage: python litgpt_setup.py WORKDIR
 """
