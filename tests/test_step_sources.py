@@ -91,6 +91,28 @@ def test_nanogpt_in_place_ckpt_has_its_step_under_iter_num(tmp_path: Path) -> No
     assert result.event_fields()["step_source"] == "key iter_num"
 
 
+def litgpt_step_dir(out: Path, name: str, step_count: int) -> Path:
+    """litgpt's pretrain/finetune: fabric.save of {model, optimizer, ..., iter_num, step_count} into
+    <out>/<name>/lit_model.pth, then its YAML files beside it; with gradient accumulation iter_num
+    counts micro-batches (here two per optimizer step) and the name counts optimizer steps."""
+    d = out / name
+    d.mkdir(parents=True)
+    torch.save({"model": model_state(step_count), "optimizer": {"state": {}, "param_groups": []},
+                "train_dataloader": {"num_samples_yielded": 8 * step_count, "current_epoch": 1},
+                "iter_num": 2 * step_count, "step_count": step_count}, d / "lit_model.pth")
+    (d / "model_config.yaml").write_text("n_layer: 1\n")
+    (d / "hyperparameters.yaml").write_text("train:\n  save_interval: 20\n")
+    return d
+
+
+def test_litgpt_step_dirs_are_whole_and_their_step_is_step_count_not_iter_num(tmp_path: Path) -> None:
+    # iter_num (micro-batches) read as the step made every step-N dir "unverifiable: embedded step 2N != N"
+    report = validate(litgpt_step_dir(tmp_path, "step-00000020", 20))
+    assert (report.verdict.value, report.step, report.step_source) == ("valid", 20, "name"), report.reason
+    final = validate(litgpt_step_dir(tmp_path, "final", 60))  # no step in the name: the key inside says it
+    assert (final.step, final.step_source) == (60, "inside the file")
+
+
 def test_lightning_dict_and_hf_dir_say_where_their_step_is(tmp_path: Path) -> None:
     torch.save(lightning_checkpoint(300), tmp_path / "last.ckpt")
     assert (validate(tmp_path / "last.ckpt").step, validate(tmp_path / "last.ckpt").step_source) == \

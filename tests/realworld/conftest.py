@@ -49,6 +49,16 @@ def tiny_glue(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_litgpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What litgpt's pretrain reads (``litgpt_setup.py``): a tokenizer, litdata chunks, its config."""
+    root = tmp_path_factory.mktemp("tiny_litgpt")
+    res = subprocess.run([sys.executable, str(HERE / "litgpt_setup.py"), str(root)],
+                         capture_output=True, text=True, timeout=300, env={**_base_env(), **CHILD_ENV})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root
+
+
 def _base_env() -> dict[str, str]:
     import os
 
@@ -70,6 +80,8 @@ def make_workdir(tmp_path: Path, request: pytest.FixtureRequest):
             shutil.copytree(hf / "data", workdir / "data")
         elif key == "accelerate_epochs":
             shutil.copytree(request.getfixturevalue("tiny_glue"), workdir, dirs_exist_ok=True)
+        elif key == "litgpt":
+            shutil.copytree(request.getfixturevalue("tiny_litgpt"), workdir, dirs_exist_ok=True)
         return workdir
 
     return make

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from litgpt_setup import pretrain_command
+
 PY = sys.executable
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -22,6 +24,9 @@ CHILD_ENV = {
     "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
     "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1", "DISABLE_MLFLOW_INTEGRATION": "TRUE", "WANDB_DISABLED": "true",
+    # litgpt's pretrain: litdata asks PyPI for a newer litdata on every data set it opens; and no
+    # torch.compile (its CPU build of a model takes minutes on a loaded 2-core machine), as on a CPU one would.
+    "LITDATA_DISABLE_VERSION_CHECK": "1", "TORCHDYNAMO_DISABLE": "1",
 }
 
 
@@ -256,16 +261,17 @@ STACKS: tuple[Stack, ...] = (
         needs=("lightning",),
     ),
     Stack(
-        key="fabric", stack="Lightning Fabric, litgpt conventions",
-        script="tests/realworld/scripts/fabric_style.py: fabric.save to out/pretrain/step-<8 digits>/lit_model.pth",
-        save_interval=20, max_steps=1000, checkpoint_dir="out/pretrain", resume_arg="--resume {path}/lit_model.pth",
-        path_is="the step-<8 digits> directory (the script takes the file in it)",
-        command=lambda w: [PY, str(SCRIPTS / "fabric_style.py"), "--save_interval", "20", "--max_steps", "1000"],
-        log=ChildLog(progress=_group(r"\| iter \d+ step (\d+) \|"),
+        key="litgpt", stack="Lightning Fabric: litgpt pretrain",
+        script="litgpt's pretrain.py of the installed litgpt (a public script, unchanged), run as `python -m litgpt "
+               "pretrain`: fabric.save to out/pretrain/step-<8 digits>/lit_model.pth",
+        save_interval=20, max_steps=200, checkpoint_dir="out/pretrain", resume_arg="--resume {path}/lit_model.pth",
+        path_is="the step-<8 digits> directory (litgpt takes the file in it)",
+        command=lambda w: pretrain_command(PY, save_interval=20, steps=200),
+        log=ChildLog(progress=_group(r"^Epoch \d+ \| iter \d+ step (\d+) \|"),
                      saved=_group(r"^Saving checkpoint to '\S*step-0*(\d+)/lit_model.pth'"),
                      resumed=_group(r"^Resuming training from \S*step-0*(\d+)/lit_model.pth"),
                      save_announced_before_write=True),
-        needs=("lightning",),
+        needs=("litgpt", "litdata"),
     ),
     Stack(
         key="deepspeed", stack="DeepSpeed (ZeRO 1, `torchrun`)",
