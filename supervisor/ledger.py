@@ -30,8 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .class_traits import classes_where
 from .events import Ev, Event
+from .failures.classes import classes_where
 from .fields import as_float, as_int, as_nodes, as_str
 from .states import Action, FailureClass
 
@@ -62,7 +62,7 @@ __all__ = [
 
 FC = FailureClass
 
-# From the one table of class traits (supervisor/class_traits.py).
+# From the one table of class traits (supervisor/failures/classes.py).
 NOT_FAILURES = classes_where(answerable=False)
 SCHEDULER_ENDS = classes_where(scheduler_end=True)
 # Failures after which the numbers the training produced are suspect: a memory error or a faulty

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Iterable, Literal, Sequence
 
-from .class_traits import classes_where
+from .failures.classes import classes_where
 from .slurm.grace import ClusterGrace
 from .slurm.requeue_policy import requeue_need
 from .slurm.version import version_or_none
@@ -42,7 +42,7 @@ GUESSED_DEADLINES = frozenset({"default_grace", "cluster_grace"})  # not read fr
 RequeueHow = Literal["scontrol", "slurm_will", "resubmit", "none"]
 
 _NOTICE_SOURCES = ("signal", "poll", "client", "time_limit")
-_HARDWARE = classes_where(hardware_requeue=True)  # supervisor/class_traits.py
+_HARDWARE = classes_where(hardware_requeue=True)  # supervisor/failures/classes.py
 _WAITING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 
 

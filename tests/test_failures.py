@@ -208,7 +208,6 @@ def test_log_fixture_is_classified_by_its_first_failure(name, exit_code, sig, cl
     # A genuine preemption, time limit or node failure: Slurm confirmed it (a notice and the job record).
     failure = classify(exit_code, sig, _read(name), slurm=confirmed(cls) if cls in SCHEDULER_CLASSES else None)
     assert failure.cls == cls, failure.reason
-    assert failure.action == (Action.STOP if cls == FC.COMPLETED else DEFAULT_POLICY[cls].action)
     if evidence is None:
         assert not any("error" in e.lower() for e in failure.evidence)
     else:
@@ -324,8 +323,9 @@ def test_only_echoes_in_the_text_and_a_fault_in_the_status_is_a_native_crash():
 def test_policy_decides_the_action():
     policy = dict(DEFAULT_POLICY)
     policy[FC.NATIVE_CRASH] = ClassPolicy(action=Action.STOP, retries=0)
-    assert classify(None, signal.SIGSEGV, "", policy=policy).action == Action.STOP
-    assert classify(None, signal.SIGSEGV, "").action == Action.RESTART
+    failure = classify(None, signal.SIGSEGV, "")
+    assert decide(failure, [], policy, None).action == Action.STOP
+    assert decide(failure, [], DEFAULT_POLICY, None).action == Action.RESTART
 
 
 def test_user_step_regex_finds_the_step():
@@ -427,7 +427,7 @@ def _rec(n: int, cls: FC | None, job: str = "100") -> AttemptRecord:
 
 
 def _failure(cls: FC, node: str | None = None) -> Failure:
-    return Failure(cls=cls, action=DEFAULT_POLICY[cls].action, evidence=("evidence line",), node=node)
+    return Failure(cls=cls, evidence=("evidence line",), node=node)
 
 
 def test_restart_backoff_doubles_and_stops_beyond_retries():
@@ -471,13 +471,14 @@ def test_hardware_fault_requeues_away_from_the_node_then_stops():
 
 
 def test_completed_needs_no_decision():
-    d = decide(_failure(FC.PREEMPTED).__class__(FC.COMPLETED, Action.STOP), [], DEFAULT_POLICY, None)
+    d = decide(Failure(FC.COMPLETED), [], DEFAULT_POLICY, None)
     assert d.action == Action.STOP and "completed" in d.reason
 
 
-def test_with_class_takes_the_policy_action():
+def test_with_class_gives_the_class_the_policy_then_judges():
     hang = with_class(_failure(FC.UNKNOWN), FC.HANG, "no progress for 600s")
-    assert (hang.cls, hang.action, hang.reason) == (FC.HANG, Action.RESTART, "no progress for 600s")
+    assert (hang.cls, hang.reason, hang.evidence) == (FC.HANG, "no progress for 600s", ("evidence line",))
+    assert decide(hang, [], DEFAULT_POLICY, None).action == Action.RESTART
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -592,7 +593,7 @@ def test_the_table_is_extended_with_one_more_row():
     lustre = FailurePattern(FC.NODE_FAILURE, re.compile(r"lustre: .*I/O error"), CAUSE, "Lustre I/O error",
                             needles=("lustre",))
     failure = classify(1, None, text, patterns=DEFAULT_PATTERNS + (lustre,))
-    assert (failure.cls, failure.action, failure.step) == (FC.NODE_FAILURE, Action.REQUEUE, 9)
+    assert (failure.cls, failure.step) == (FC.NODE_FAILURE, 9)
     no_needles = FailurePattern(FC.NODE_FAILURE, re.compile(r"lustre: .*I/O error"), CAUSE, "Lustre I/O error")
     assert classify(1, None, text, patterns=DEFAULT_PATTERNS + (no_needles,)).cls == FC.NODE_FAILURE
 
@@ -679,7 +680,7 @@ def test_a_worker_sigkilled_while_torchrun_ran_on_is_a_host_oom_and_other_signal
     failure = classify(1, None, "step 40\n" + _TORCHRUN_SUMMARY.format(code=code, sig=sig, name=name))
     assert (failure.cls, failure.node, failure.rank, failure.step) == (cls, "gpu-a01", 3, 40)
     if cls == FC.HOST_OOM:
-        assert "OOM killer" in failure.reason and failure.action == Action.STOP
+        assert "OOM killer" in failure.reason and DEFAULT_POLICY[failure.cls].action == Action.STOP
 
 
 def test_a_bare_sigkill_with_no_memory_evidence_is_not_an_oom():
@@ -687,7 +688,7 @@ def test_a_bare_sigkill_with_no_memory_evidence_is_not_an_oom():
     for text in ("step 5\nKilled\n", "step 5\n", "srun: error: n1: task 0: Killed\n"):
         failure = classify(137, None, text)
         assert failure.cls == FC.KILLED, (text, failure.reason)
-        assert failure.action == Action.RESTART
+        assert DEFAULT_POLICY[failure.cls].action == Action.RESTART
 
 
 def test_a_cause_printed_before_the_launchers_sigkill_report_wins():

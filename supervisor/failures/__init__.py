@@ -61,12 +61,14 @@ rather than a wrong number). Work is linear in the input: each pattern carries l
 one ``str.find`` sweep per needle picks the few lines worth a regex; lines over 64 KiB are cut and
 input over 8 MiB keeps its end.
 
-Modules: :mod:`.patterns` (the evidence table, the completion markers and the signal classes),
+Modules: :mod:`.classes` (the one table of every class's traits: default policy, node fault, node
+ledger, budgets), :mod:`.patterns` (the evidence table, the completion markers and the signal classes),
 :mod:`.scan` (reading the text, choosing the first failure), :mod:`.classify` (the result),
 :mod:`.evidence` (what Slurm says: a preemption, time limit or node failure printed in the text
-counts only when the scheduler confirms it; node evidence only within the job's allocation). What to
-do about a failure is :mod:`supervisor.policy`. This package imports only ``states``, ``signals``,
-``progress`` and ``policy``: no config, no budget.
+counts only when the scheduler confirms it; node evidence only within the job's allocation). A
+:class:`Failure` says what happened, never what to do: that is decided once, in
+:mod:`supervisor.run.judge`, through :mod:`supervisor.policy`. This package imports only ``states``,
+``signals`` and ``progress``: no policy, no config, no budget.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from enum import Enum
 from typing import Any
 
 from .. import __version__
+from ..failures.classes import CLASSES, Ending
 from .accounting import AccountingState, Agreement, HistoryRow
 from .model import AttemptRow, CheckpointRow, QuarantineRow, Report
 from .render import (
@@ -86,7 +87,8 @@ def _n(x: float) -> str:
 # What each attempt looks like on the charts
 
 # One look per kind of attempt end; the legend, the bars and the table badges share it.
-_END_KIND = {"completed": "ok", "preempted": "sched", "time_limit": "sched", "cancelled": "person"}
+_LOOK = {Ending.DONE: "ok", Ending.SCHEDULER: "sched", Ending.PERSON: "person"}  # else "fail"
+_END_KIND = {c.value: _LOOK[t.ends] for c, t in CLASSES.items() if t.ends in _LOOK}
 
 
 def end_kind(a: AttemptRow) -> str:
