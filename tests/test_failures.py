@@ -719,7 +719,7 @@ def test_an_nccl_remote_error_whose_last_error_is_the_network_is_interconnect():
     text = _NCCL_REMOTE + ("[rank12]: NET/IB : Got completion from peer 10.216.210.241<54862> with status=12 "
                            "opcode=0 len=0 vendor err 129 (Recv)\n")
     failure = classify(1, None, text)
-    assert (failure.cls, failure.action) == (FC.INTERCONNECT, Action.REQUEUE)
+    assert failure.cls == FC.INTERCONNECT and DEFAULT_POLICY[failure.cls].action == Action.REQUEUE
     assert DEFAULT_POLICY[FC.INTERCONNECT].exclude_node
 
 
@@ -849,7 +849,7 @@ _HF_END = ("{'loss': 0.8735, 'learning_rate': 1.0e-07, 'epoch': 3.0}\n"
 def test_a_kill_after_the_training_said_it_finished_is_completed(exit_code, sig):
     failure = classify(exit_code, sig, _HF_END + "Killed\n")
     assert failure.cls == FC.COMPLETED, failure.reason
-    assert failure.action == Action.STOP
+    assert decide(failure, [], DEFAULT_POLICY, None).action == Action.STOP  # nothing to restart
     assert "had finished" in failure.reason and any("train_runtime" in e for e in failure.evidence)
 
 
