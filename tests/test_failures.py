@@ -1,4 +1,4 @@
-"""Failure classification (supervisor.failures.classify) and restart decisions (supervisor.policy.decide).
+"""Failure classification (supervisor.failures.classifier) and restart decisions (supervisor.policy.decide).
 
 The log fixtures under tests/data/logs/ are real logs quoted in public issues (listed with their
 source in tests/data/logs/SOURCES.md), real output from our own GPU runs (``h200_real_*``), or modelled
@@ -963,3 +963,17 @@ def test_a_peers_lost_connection_yields_to_the_worker_torchrun_saw_die_first_but
     # Without rank prefixes nothing says the lost peer was another rank: the order decides as before.
     unnamed = _read("cpu_real_torchrun_gloo_reset_after_rank_sigsegv.log").replace("[rank0]: ", "")
     assert classify(1, None, unnamed).cls == FC.NCCL_ERROR
+
+
+def test_the_package_loads_the_classifier_only_when_a_name_of_it_is_used():
+    # The policy, the ledgers and the config import the class table (supervisor/failures/classes.py);
+    # every `supervise` command would otherwise compile the classifier's patterns.
+    import supervisor.failures as failures
+
+    assert sorted(failures.__all__) == sorted(failures._HOME)
+    assert all(getattr(failures, name) is not None for name in failures.__all__)
+    code = ("import sys, supervisor.config, supervisor.ledger, supervisor.policy; "
+            "assert 'supervisor.failures.patterns' not in sys.modules, 'classifier loaded'; "
+            "from supervisor.failures import classify; assert classify(0, None, '').cls.value == 'completed'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -42,7 +42,7 @@ LEAF_MODULES = {
 DECISION_MODULES = {
     "supervisor.config",  # the policy and budget tables the decisions are parameterised by
     "supervisor.policy", "supervisor.budget", "supervisor.ledger", "supervisor.preemption", "supervisor.resumability",
-    "supervisor.failures", "supervisor.failures.patterns", "supervisor.failures.scan", "supervisor.failures.classify",
+    "supervisor.failures", "supervisor.failures.patterns", "supervisor.failures.scan", "supervisor.failures.classifier",
     "supervisor.failures.evidence",
     "supervisor.checkpoints.resume", "supervisor.slurm.requeue_policy", "supervisor.slurm.stop_cause", "supervisor.slurm.grace",
     "supervisor.stall", "supervisor.slownode", "supervisor.run.stop", "supervisor.run.judge", "supervisor.run.layout", "supervisor.report.model",
@@ -188,8 +188,8 @@ def _with_packages(module: str) -> set[str]:
 
 def test_no_import_cycles_for_the_type_checker() -> None:
     # Every import counts here: those under TYPE_CHECKING, lazy ones, and the packages above the
-    # module imported. supervisor/failures/classify.py once imported policy, which imported
-    # failures under TYPE_CHECKING: no cycle at import time, one for mypy.
+    # module imported. The classifier (supervisor/failures/classifier.py) once imported policy, which
+    # imported failures under TYPE_CHECKING: no cycle at import time, one for mypy.
     graph = {name: {p for i in imports_of(path, type_checking=True) if i.startswith("supervisor") and _exists(i)
                     for p in _with_packages(i) if p != name}
              for name, path in all_modules().items()}
