@@ -20,19 +20,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "extending" / "failure-class.md"
 
-# The recipe, as text edits: (file, the line it goes after, the lines added).
+# The recipe, as text edits: file -> (a line already there, the same line with the class added).
+_ROW = ('    FC.NVLINK_ERROR: ClassTraits(Q, 2, exclude_node=True, hardware_requeue=True, node_kind="hardware",\n'
+        '                                 summary="NVLink errors between the GPUs of a node"),\n')
+_PATTERN = '    _p(FC.NVLINK_ERROR, r"NVLink error(?: detected)?: link \\d+", CAUSE, "an NVLink error", ("nvlink",)),\n'
+_NODES = "  hardware: [hardware_fault, interconnect, node_failure, gpu_check, slow_node]\n"
 EDITS = {
-    "supervisor/states.py": ('    UNKNOWN = "unknown"\n', '    NVLINK_ERROR = "nvlink_error"\n'),
-    "supervisor/failures/classes.py": (
-        '    FC.UNKNOWN: ClassTraits(R, 1, summary="nothing recognised"),\n',
-        '    FC.NVLINK_ERROR: ClassTraits(Q, 2, exclude_node=True, hardware_requeue=True, node_kind="hardware",\n'
-        '                                 summary="NVLink errors between the GPUs of a node"),\n'),
-    "supervisor/failures/patterns.py": (
-        "DEFAULT_PATTERNS: tuple[FailurePattern, ...] = (\n",
-        '    _p(FC.NVLINK_ERROR, r"NVLink error(?: detected)?: link \\d+", CAUSE, "an NVLink error", ("nvlink",)),\n'),
-    "docs/policy.md": (
-        "| `killed`, `unknown` | restart | 1 |\n",
-        "| `nvlink_error` | requeue, excluding the node | 2 |\n"),
+    "supervisor/states.py": ('    UNKNOWN = "unknown"\n', '    UNKNOWN = "unknown"\n    NVLINK_ERROR = "nvlink_error"\n'),
+    "supervisor/failures/classes.py": ('    FC.UNKNOWN: ClassTraits(R, 1, summary="nothing recognised"),\n',
+                                       '    FC.UNKNOWN: ClassTraits(R, 1, summary="nothing recognised"),\n' + _ROW),
+    "supervisor/failures/patterns.py": ("DEFAULT_PATTERNS: tuple[FailurePattern, ...] = (\n",
+                                        "DEFAULT_PATTERNS: tuple[FailurePattern, ...] = (\n" + _PATTERN),
+    "docs/policy.md": ("| `killed`, `unknown` | restart | 1 |\n",
+                       "| `killed`, `unknown` | restart | 1 |\n| `nvlink_error` | requeue, excluding the node | 2 |\n"),
+    # node_kind="hardware": the node ledger's default list that the docs show names it too.
+    "docs/node-health.md": (_NODES, _NODES.replace("node_failure, ", "node_failure, nvlink_error, ")),
 }
 
 SCRIPT = r'''
@@ -108,19 +110,16 @@ def _changed(a: Path, b: Path, rel: str = "") -> set[str]:
 def test_a_new_class_needs_only_the_files_the_doc_names(tmp_path: Path) -> None:
     assert _files_the_doc_names() == set(EDITS)
     shutil.copytree(ROOT / "supervisor", tmp_path / "supervisor")  # with its bytecode: a faster start
-    (tmp_path / "docs").mkdir()
-    shutil.copy2(ROOT / "docs" / "policy.md", tmp_path / "docs" / "policy.md")
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
     (tmp_path / "tests").mkdir()
     shutil.copy2(ROOT / "tests" / "test_failure_classes.py", tmp_path / "tests" / "test_failure_classes.py")
-    for rel, (after, added) in EDITS.items():
+    for rel, (before, after) in EDITS.items():
         path = tmp_path / rel
         text = path.read_text()
-        assert text.count(after) == 1, f"{rel}: the recipe's anchor moved: {after!r}"
-        path.write_text(text.replace(after, after + added))
+        assert text.count(before) == 1, f"{rel}: the recipe's anchor moved: {before!r}"
+        path.write_text(text.replace(before, after))
 
-    changed = _changed(ROOT / "supervisor", tmp_path / "supervisor", "supervisor/")
-    changed |= {"docs/policy.md"} if not filecmp.cmp(ROOT / "docs" / "policy.md", tmp_path / "docs" / "policy.md",
-                                                     shallow=False) else set()
+    changed = {f"{top}/{rel}" for top in ("supervisor", "docs") for rel in _changed(ROOT / top, tmp_path / top)}
     assert changed == set(EDITS)
 
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
