@@ -117,10 +117,6 @@ CLASSES: Mapping[FailureClass, ClassTraits] = {
 }
 
 
-def traits(cls: FailureClass) -> ClassTraits:
-    return CLASSES[cls]
-
-
 def classes_where(**wanted: object) -> frozenset[FailureClass]:
     """The classes whose traits have every given value, e.g. ``classes_where(hardware_requeue=True)``."""
     return frozenset(c for c, t in CLASSES.items() if all(getattr(t, k) == v for k, v in wanted.items()))
