@@ -25,6 +25,7 @@ import yaml
 
 from .config_values import StrictLoader, Typed, coerce, config_error, origin_of, set_dotted, typed_mapping
 from .errors import ConfigError
+from .failures.classes import node_kinds
 from .policy import DEFAULT_POLICY, ClassPolicy, policy_for
 from .states import FailureClass
 
@@ -258,9 +259,9 @@ class NodesConfig:
     suspect_after: int = 2  # records of any kind in `suspect` or `hardware` in the window: a suspect
     exclude_after: int = 2  # records of a `hardware` kind in the window: excluded on requeue (0 = never)
     exclude_for: float = 86400.0  # an exclusion lasts this long after the node's last hardware record
-    hardware: tuple[str, ...] = ("hardware_fault", "interconnect", "node_failure", "gpu_check", "slow_node")
-    suspect: tuple[str, ...] = ("illegal_memory_access", "cuda_launch_failure", "nccl_error", "hang",
-                                "loss_anomaly")
+    # The classes by their node_kind in supervisor/failures/classes.py, then the other kinds of record.
+    hardware: tuple[str, ...] = (*node_kinds("hardware"), "gpu_check", "slow_node")
+    suspect: tuple[str, ...] = (*node_kinds("suspect"), "loss_anomaly")
 
     def __post_init__(self) -> None:
         if self.ledger is not None and not self.ledger.strip():

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .class_traits import classes_where
+from .failures.classes import classes_where
 from .event_records import (
     AttemptEnded,
     AttemptStarted,
@@ -75,7 +75,7 @@ __all__ = [
 
 FC = FailureClass
 
-# From the one table of class traits (supervisor/class_traits.py).
+# From the one table of class traits (supervisor/failures/classes.py).
 NOT_FAILURES = classes_where(answerable=False)
 SCHEDULER_ENDS = classes_where(scheduler_end=True)
 # Failures after which the numbers the training produced are suspect: a memory error or a faulty

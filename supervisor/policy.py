@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .class_traits import CLASSES
+from .failures.classes import CLASSES
 from .ledger import (
     AttemptRecord,
     durable_end,
@@ -43,7 +43,7 @@ def _p(action: Action, retries: int = 3, exclude_node: bool = False) -> ClassPol
     return ClassPolicy(action=action, retries=retries, exclude_node=exclude_node)
 
 
-# Derived from the one table of class traits (supervisor/class_traits.py).
+# Derived from the one table of class traits (supervisor/failures/classes.py).
 DEFAULT_POLICY: dict[FailureClass, ClassPolicy] = {
     cls: _p(t.action, t.retries, exclude_node=t.exclude_node) for cls, t in CLASSES.items() if cls is not FC.COMPLETED
 }

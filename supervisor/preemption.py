@@ -40,7 +40,7 @@ DeadlineSource = Literal["slurm_end_time", "default_grace", "cluster_grace", "ti
 GUESSED_DEADLINES = frozenset({"default_grace", "cluster_grace"})  # not read from the job record: refine
 
 _NOTICE_SOURCES = ("signal", "poll", "client", "time_limit")
-_HARDWARE = HARDWARE_CLASSES  # supervisor/class_traits.py, as the requeue decision uses it
+_HARDWARE = HARDWARE_CLASSES  # supervisor/failures/classes.py, as the requeue decision uses it
 
 
 # ---------------------------------------------------------------------------------------------

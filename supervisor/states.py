@@ -9,30 +9,27 @@ from enum import Enum
 
 
 class FailureClass(str, Enum):
-    """How an attempt ended, judged from the first failure in its output."""
+    """How an attempt ended, judged from the first failure in its output. What each class is and
+    what it gets (policy, node ledger, budgets) is its row in ``supervisor/failures/classes.py``."""
 
-    COMPLETED = "completed"  # exit 0: training finished
-    # Transient native or GPU-kernel faults: a restart in place usually gets past them.
-    NATIVE_CRASH = "native_crash"  # SIGSEGV / SIGBUS / SIGILL / SIGFPE / SIGABRT
+    COMPLETED = "completed"
+    NATIVE_CRASH = "native_crash"
     ILLEGAL_MEMORY_ACCESS = "illegal_memory_access"
-    CUDA_LAUNCH_FAILURE = "cuda_launch_failure"  # unspecified launch failure, misaligned address
-    NCCL_ERROR = "nccl_error"  # NCCL errors and watchdog timeouts
-    HANG = "hang"  # no progress for stall_timeout; killed by the supervisor
-    # The node or its hardware is at fault: come back elsewhere.
-    HARDWARE_FAULT = "hardware_fault"  # ECC, Xid, CUDA unknown error, fallen off the bus
-    INTERCONNECT = "interconnect"  # InfiniBand/RoCE, libfabric (EFA, CXI), UCX transport errors: the fabric
-    SHM_EXHAUSTED = "shm_exhausted"  # SIGBUS / bus error from a full /dev/shm
+    CUDA_LAUNCH_FAILURE = "cuda_launch_failure"
+    NCCL_ERROR = "nccl_error"
+    HANG = "hang"
+    HARDWARE_FAULT = "hardware_fault"
+    INTERCONNECT = "interconnect"
+    SHM_EXHAUSTED = "shm_exhausted"
     NODE_FAILURE = "node_failure"
-    # A human must act: restarting reproduces it.
     DEVICE_ASSERT = "device_assert"
     CUDA_OOM = "cuda_oom"
     HOST_OOM = "host_oom"
     PYTHON_EXCEPTION = "python_exception"
-    # The scheduler took the allocation away.
     PREEMPTED = "preempted"
     TIME_LIMIT = "time_limit"
-    CANCELLED = "cancelled"  # scancel / Ctrl-C by a person: respect it
-    KILLED = "killed"  # SIGKILL from an unknown source
+    CANCELLED = "cancelled"
+    KILLED = "killed"
     UNKNOWN = "unknown"
 
 

@@ -1,4 +1,4 @@
-"""Failure classification (supervisor.failures.classify) and restart decisions (supervisor.policy.decide).
+"""Failure classification (supervisor.failures.classifier) and restart decisions (supervisor.policy.decide).
 
 The log fixtures under tests/data/logs/ are real logs quoted in public issues (listed with their
 source in tests/data/logs/SOURCES.md), real output from our own GPU runs (``h200_real_*``), or modelled
@@ -208,7 +208,6 @@ def test_log_fixture_is_classified_by_its_first_failure(name, exit_code, sig, cl
     # A genuine preemption, time limit or node failure: Slurm confirmed it (a notice and the job record).
     failure = classify(exit_code, sig, _read(name), slurm=confirmed(cls) if cls in SCHEDULER_CLASSES else None)
     assert failure.cls == cls, failure.reason
-    assert failure.action == (Action.STOP if cls == FC.COMPLETED else DEFAULT_POLICY[cls].action)
     if evidence is None:
         assert not any("error" in e.lower() for e in failure.evidence)
     else:
@@ -324,8 +323,9 @@ def test_only_echoes_in_the_text_and_a_fault_in_the_status_is_a_native_crash():
 def test_policy_decides_the_action():
     policy = dict(DEFAULT_POLICY)
     policy[FC.NATIVE_CRASH] = ClassPolicy(action=Action.STOP, retries=0)
-    assert classify(None, signal.SIGSEGV, "", policy=policy).action == Action.STOP
-    assert classify(None, signal.SIGSEGV, "").action == Action.RESTART
+    failure = classify(None, signal.SIGSEGV, "")
+    assert decide(failure, [], policy, None).action == Action.STOP
+    assert decide(failure, [], DEFAULT_POLICY, None).action == Action.RESTART
 
 
 def test_user_step_regex_finds_the_step():
@@ -427,7 +427,7 @@ def _rec(n: int, cls: FC | None, job: str = "100") -> AttemptRecord:
 
 
 def _failure(cls: FC, node: str | None = None) -> Failure:
-    return Failure(cls=cls, action=DEFAULT_POLICY[cls].action, evidence=("evidence line",), node=node)
+    return Failure(cls=cls, evidence=("evidence line",), node=node)
 
 
 def test_restart_backoff_doubles_and_stops_beyond_retries():
@@ -471,13 +471,14 @@ def test_hardware_fault_requeues_away_from_the_node_then_stops():
 
 
 def test_completed_needs_no_decision():
-    d = decide(_failure(FC.PREEMPTED).__class__(FC.COMPLETED, Action.STOP), [], DEFAULT_POLICY, None)
+    d = decide(Failure(FC.COMPLETED), [], DEFAULT_POLICY, None)
     assert d.action == Action.STOP and "completed" in d.reason
 
 
-def test_with_class_takes_the_policy_action():
+def test_with_class_gives_the_class_the_policy_then_judges():
     hang = with_class(_failure(FC.UNKNOWN), FC.HANG, "no progress for 600s")
-    assert (hang.cls, hang.action, hang.reason) == (FC.HANG, Action.RESTART, "no progress for 600s")
+    assert (hang.cls, hang.reason, hang.evidence) == (FC.HANG, "no progress for 600s", ("evidence line",))
+    assert decide(hang, [], DEFAULT_POLICY, None).action == Action.RESTART
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -592,7 +593,7 @@ def test_the_table_is_extended_with_one_more_row():
     lustre = FailurePattern(FC.NODE_FAILURE, re.compile(r"lustre: .*I/O error"), CAUSE, "Lustre I/O error",
                             needles=("lustre",))
     failure = classify(1, None, text, patterns=DEFAULT_PATTERNS + (lustre,))
-    assert (failure.cls, failure.action, failure.step) == (FC.NODE_FAILURE, Action.REQUEUE, 9)
+    assert (failure.cls, failure.step) == (FC.NODE_FAILURE, 9)
     no_needles = FailurePattern(FC.NODE_FAILURE, re.compile(r"lustre: .*I/O error"), CAUSE, "Lustre I/O error")
     assert classify(1, None, text, patterns=DEFAULT_PATTERNS + (no_needles,)).cls == FC.NODE_FAILURE
 
@@ -679,7 +680,7 @@ def test_a_worker_sigkilled_while_torchrun_ran_on_is_a_host_oom_and_other_signal
     failure = classify(1, None, "step 40\n" + _TORCHRUN_SUMMARY.format(code=code, sig=sig, name=name))
     assert (failure.cls, failure.node, failure.rank, failure.step) == (cls, "gpu-a01", 3, 40)
     if cls == FC.HOST_OOM:
-        assert "OOM killer" in failure.reason and failure.action == Action.STOP
+        assert "OOM killer" in failure.reason and DEFAULT_POLICY[failure.cls].action == Action.STOP
 
 
 def test_a_bare_sigkill_with_no_memory_evidence_is_not_an_oom():
@@ -687,7 +688,7 @@ def test_a_bare_sigkill_with_no_memory_evidence_is_not_an_oom():
     for text in ("step 5\nKilled\n", "step 5\n", "srun: error: n1: task 0: Killed\n"):
         failure = classify(137, None, text)
         assert failure.cls == FC.KILLED, (text, failure.reason)
-        assert failure.action == Action.RESTART
+        assert DEFAULT_POLICY[failure.cls].action == Action.RESTART
 
 
 def test_a_cause_printed_before_the_launchers_sigkill_report_wins():
@@ -718,7 +719,7 @@ def test_an_nccl_remote_error_whose_last_error_is_the_network_is_interconnect():
     text = _NCCL_REMOTE + ("[rank12]: NET/IB : Got completion from peer 10.216.210.241<54862> with status=12 "
                            "opcode=0 len=0 vendor err 129 (Recv)\n")
     failure = classify(1, None, text)
-    assert (failure.cls, failure.action) == (FC.INTERCONNECT, Action.REQUEUE)
+    assert failure.cls == FC.INTERCONNECT and DEFAULT_POLICY[failure.cls].action == Action.REQUEUE
     assert DEFAULT_POLICY[FC.INTERCONNECT].exclude_node
 
 
@@ -848,7 +849,7 @@ _HF_END = ("{'loss': 0.8735, 'learning_rate': 1.0e-07, 'epoch': 3.0}\n"
 def test_a_kill_after_the_training_said_it_finished_is_completed(exit_code, sig):
     failure = classify(exit_code, sig, _HF_END + "Killed\n")
     assert failure.cls == FC.COMPLETED, failure.reason
-    assert failure.action == Action.STOP
+    assert decide(failure, [], DEFAULT_POLICY, None).action == Action.STOP  # nothing to restart
     assert "had finished" in failure.reason and any("train_runtime" in e for e in failure.evidence)
 
 
@@ -962,3 +963,17 @@ def test_a_peers_lost_connection_yields_to_the_worker_torchrun_saw_die_first_but
     # Without rank prefixes nothing says the lost peer was another rank: the order decides as before.
     unnamed = _read("cpu_real_torchrun_gloo_reset_after_rank_sigsegv.log").replace("[rank0]: ", "")
     assert classify(1, None, unnamed).cls == FC.NCCL_ERROR
+
+
+def test_the_package_loads_the_classifier_only_when_a_name_of_it_is_used():
+    # The policy, the ledgers and the config import the class table (supervisor/failures/classes.py);
+    # every `supervise` command would otherwise compile the classifier's patterns.
+    import supervisor.failures as failures
+
+    assert sorted(failures.__all__) == sorted(failures._HOME)
+    assert all(getattr(failures, name) is not None for name in failures.__all__)
+    code = ("import sys, supervisor.config, supervisor.ledger, supervisor.policy; "
+            "assert 'supervisor.failures.patterns' not in sys.modules, 'classifier loaded'; "
+            "from supervisor.failures import classify; assert classify(0, None, '').cls.value == 'completed'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -20,7 +20,7 @@ import pytest
 from supervisor.config import BudgetConfig
 from supervisor.errors import ExitCode
 from supervisor.failures import Failure
-from supervisor.policy import DEFAULT_POLICY, action_for
+from supervisor.policy import DEFAULT_POLICY
 from supervisor.run.judge import EXIT_CANCELLED, AttemptFacts, judge_attempt
 from supervisor.run.stop import Cause, CauseKind
 from supervisor.states import FailureClass as FC, RunOutcome
@@ -34,7 +34,7 @@ NOTICE = Cause(CauseKind.NOTICE, "save fits: block")
 
 
 def failure(cls: FC, exit_code: int | None = 1, signal: int | None = None) -> Failure:
-    return Failure(cls=cls, action=action_for(cls), exit_code=exit_code, signal=signal, reason=f"text says {cls.value}")
+    return Failure(cls=cls, exit_code=exit_code, signal=signal, reason=f"text says {cls.value}")
 
 
 @dataclass(frozen=True)

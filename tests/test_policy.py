@@ -90,7 +90,7 @@ def play(ends: Callable[[int, int], End | None], *, total: int, save_every: int,
             out.events.append(Event(Ev.RUN_END.value, t, {"outcome": "complete", "reason": "training complete"}))
             out.outcome = "complete"
             return out
-        failure = Failure(cls=cls, action=policy[cls].action, evidence=(IMA,) if cls == FC.ILLEGAL_MEMORY_ACCESS
+        failure = Failure(cls=cls, evidence=(IMA,) if cls == FC.ILLEGAL_MEMORY_ACCESS
                           else ("evidence",), step=last)
         out.events.append(Event(Ev.FAILURE.value, t, {"attempt": n, "class": cls.value, "step": last,
                                                       "evidence": list(failure.evidence)}))
@@ -263,7 +263,7 @@ def test_a_requeue_with_progress_resets_the_count():
 
 
 def _failure(cls: FC, step: int | None = None) -> Failure:
-    return Failure(cls=cls, action=DEFAULT_POLICY[cls].action, evidence=("evidence line",), step=step)
+    return Failure(cls=cls, evidence=("evidence line",), step=step)
 
 
 def test_decide_without_the_current_record_counts_as_before():

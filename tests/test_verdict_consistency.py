@@ -12,7 +12,7 @@ from supervisor.failures import Failure
 from supervisor.ledger import ledger_from_events
 from supervisor.policy import DEFAULT_POLICY
 from supervisor.run.judge import AttemptFacts, judge_attempt
-from supervisor.states import Action, FailureClass as FC, RunOutcome
+from supervisor.states import FailureClass as FC, RunOutcome
 
 
 def _in_place_run_restarted_from_scratch() -> list[Event]:
@@ -54,7 +54,7 @@ def test_while_running_a_fraction_past_its_max_is_never_called_within_budget_wit
 
 def test_the_run_loop_says_complete_but_over_budget_and_still_exits_0():
     records = ledger_from_events(_in_place_run_restarted_from_scratch())
-    done = Failure(cls=FC.COMPLETED, action=Action.STOP, exit_code=0)
+    done = Failure(cls=FC.COMPLETED, exit_code=0)
     verdict = judge_attempt(done, AttemptFacts(), records[:-1], records, DEFAULT_POLICY, BudgetConfig(), None, 0)
     assert verdict.outcome is RunOutcome.COMPLETE and verdict.exit_code == ExitCode.OK
     assert verdict.budget is not None and not verdict.budget.ok and verdict.budget.budget == "max_steps_lost_fraction"
@@ -62,7 +62,7 @@ def test_the_run_loop_says_complete_but_over_budget_and_still_exits_0():
 
 
 def _stop_class_failure(cls: FC, exit_code: int | None, signal: int | None) -> Failure:
-    return Failure(cls=cls, action=DEFAULT_POLICY[cls].action, evidence=("x",), exit_code=exit_code, signal=signal)
+    return Failure(cls=cls, evidence=("x",), exit_code=exit_code, signal=signal)
 
 
 def test_a_policy_stop_exits_4_whatever_the_child_exited_and_names_the_childs_status():

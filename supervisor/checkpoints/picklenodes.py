@@ -14,8 +14,10 @@ from typing import Any
 from .limits import MAX_STEP
 
 # Keys that hold the training step, strongest first (Lightning, DeepSpeed, plain loops, Megatron,
-# nanoGPT's iter_num, fairseq's num_updates). A user's checkpoint.step_from key:NAME goes first.
-STEP_KEYS = ("global_step", "global_steps", "step", "iteration", "iter_num", "iter", "num_updates")
+# litgpt's step_count, nanoGPT's iter_num, fairseq's num_updates). A user's checkpoint.step_from
+# key:NAME goes first. step_count before iter_num: litgpt keeps both, iter_num counting micro-batches
+# and step_count optimizer steps (the N of its step-N directories).
+STEP_KEYS = ("global_step", "global_steps", "step", "iteration", "step_count", "iter_num", "iter", "num_updates")
 _USER_STEP_KEY: ContextVar[str | None] = ContextVar("supervisor_user_step_key", default=None)
 
 

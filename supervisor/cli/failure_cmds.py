@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from ..errors import ExitCode, UsageError
+from ..failures.evidence import SCHEDULER_CLASSES
 from ..textsafe import printable
 from .common import echo_json, handle_errors, log
 
@@ -55,8 +56,10 @@ def _read_tail(path: Path, max_bytes: int) -> tuple[str, int, bool]:
 
 
 def _failure_json(failure: Any) -> dict[str, Any]:
+    from ..policy import action_for
+
     return {
-        "class": failure.cls.value, "action": failure.action.value, "evidence": list(failure.evidence),
+        "class": failure.cls.value, "action": action_for(failure.cls).value, "evidence": list(failure.evidence),
         "step": failure.step, "node": failure.node, "rank": failure.rank, "exit_code": failure.exit_code,
         "signal": failure.signal, "reason": failure.reason, "context": list(failure.context),
         "text_claim": failure.text_claim,
@@ -71,7 +74,7 @@ def _failure_json(failure: Any) -> dict[str, Any]:
               help="The signal that killed the child: SEGV, SIGSEGV or 11.")
 @click.option("--tail-mb", type=click.FloatRange(min=0.01, max=1024), default=DEFAULT_TAIL_MB, show_default=True,
               help="Read only this many MB from the end of the log.")
-@click.option("--slurm-says", "slurm_says", type=click.Choice(["preempted", "time_limit", "node_failure"]),
+@click.option("--slurm-says", "slurm_says", type=click.Choice(sorted(c.value for c in SCHEDULER_CLASSES)),
               default=None, help="What Slurm's job record says ended the job (sacct State PREEMPTED, TIMEOUT, "
                                  "NODE_FAIL). Without it, such a cause printed in the log is evidence only.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
@@ -112,10 +115,11 @@ def classify_cmd(logfile: Path, exit_code: int | None, signal_text: str | None, 
     if as_json:
         echo_json({"log": str(logfile), **_failure_json(failure)})
         return
-    action = failure.action.value
+    default = policy_for(failure.cls)  # the default policy's answer: the class alone decides nothing
+    action = default.action.value
     if failure.cls == FailureClass.COMPLETED:
         action = "none: training finished, nothing to restart"
-    elif failure.action == Action.REQUEUE and failure.node and policy_for(failure.cls).exclude_node:
+    elif default.action == Action.REQUEUE and failure.node and default.exclude_node:
         action += f", excluding node {failure.node}"
     click.echo(f"class:    {failure.cls.value}")
     click.echo(f"action:   {action}")

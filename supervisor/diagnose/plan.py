@@ -13,15 +13,15 @@ from typing import Any
 from ..config import SupervisorConfig
 from ..errors import UsageError
 from ..events import Event
+from ..failures.classes import classes_where
 from ..paths import RunPaths
 from ..redact import REDACTED
 from ..run.layout import RunLayout, child_plan
-from ..states import FailureClass
 from .environment import DROPPED_ENV, RerunEnvironment, rerun_environment
 
 
 DIAGNOSIS_EVENT = "diagnosis"
-DIAGNOSABLE = (FailureClass.ILLEGAL_MEMORY_ACCESS, FailureClass.DEVICE_ASSERT, FailureClass.CUDA_LAUNCH_FAILURE)
+DIAGNOSABLE = tuple(sorted(classes_where(diagnosable=True)))  # supervisor/failures/classes.py
 DEFAULT_MAX_SECONDS = 900.0  # a sanitizer slows a training 10-100x: bounded, never unbounded
 MIN_EXTRA_STEPS = 20  # steps past the failure step the rerun may go before it counts as not reproduced
 TERM_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when a bound is reached

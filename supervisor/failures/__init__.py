@@ -61,31 +61,61 @@ rather than a wrong number). Work is linear in the input: each pattern carries l
 one ``str.find`` sweep per needle picks the few lines worth a regex; lines over 64 KiB are cut and
 input over 8 MiB keeps its end.
 
-Modules: :mod:`.patterns` (the evidence table, the completion markers and the signal classes),
-:mod:`.scan` (reading the text, choosing the first failure), :mod:`.classify` (the result),
+Modules: :mod:`.classes` (the one table of every class's traits: default policy, node fault, node
+ledger, budgets), :mod:`.patterns` (the evidence table, the completion markers and the signal classes),
+:mod:`.scan` (reading the text, choosing the first failure), :mod:`.classifier` (the result),
 :mod:`.evidence` (what Slurm says: a preemption, time limit or node failure printed in the text
-counts only when the scheduler confirms it; node evidence only within the job's allocation). What to
-do about a failure is :mod:`supervisor.policy`. This package imports only ``states``, ``signals``,
-``progress`` and ``policy``: no config, no budget.
+counts only when the scheduler confirms it; node evidence only within the job's allocation). A
+:class:`Failure` says what happened, never what to do: that is decided once, in
+:mod:`supervisor.run.judge`, through :mod:`supervisor.policy`. This package imports only ``states``,
+``signals`` and ``progress``: no policy, no config, no budget.
 """
 
 from __future__ import annotations
 
-from ..signals import parse_signal, signal_name
-from .classify import Failure, classify, with_class
-from .evidence import SCHEDULER_CLASSES, NodeEvidence, SlurmEvidence, confirmed, evidence_node
-from .patterns import (
-    CAUSE,
-    COMPLETION_MARKERS,
-    CONSEQUENCE,
-    DEFAULT_PATTERNS,
-    ECHO,
-    VERDICT,
-    CompletionMarker,
-    FailurePattern,
-    launcher_signal_class,
-    signal_class,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..signals import parse_signal, signal_name
+    from .classifier import Failure, classify, with_class
+    from .evidence import SCHEDULER_CLASSES, NodeEvidence, SlurmEvidence, confirmed, evidence_node
+    from .patterns import (
+        CAUSE,
+        COMPLETION_MARKERS,
+        CONSEQUENCE,
+        DEFAULT_PATTERNS,
+        ECHO,
+        VERDICT,
+        CompletionMarker,
+        FailurePattern,
+        launcher_signal_class,
+        signal_class,
+    )
+
+# Loaded on first use (PEP 562): the policy, the ledgers and the config import the table in
+# ``.classes``, and that must not compile the classifier's patterns in every ``supervise`` command.
+# (No submodule shares a name with what it exports, so ``failures.classify`` is always the function.)
+_HOME = {
+    **dict.fromkeys(("parse_signal", "signal_name"), "..signals"),
+    **dict.fromkeys(("Failure", "classify", "with_class"), ".classifier"),
+    **dict.fromkeys(("SCHEDULER_CLASSES", "NodeEvidence", "SlurmEvidence", "confirmed", "evidence_node"),
+                    ".evidence"),
+    **dict.fromkeys(("CAUSE", "COMPLETION_MARKERS", "CONSEQUENCE", "DEFAULT_PATTERNS", "ECHO", "VERDICT",
+                     "CompletionMarker", "FailurePattern", "launcher_signal_class", "signal_class"), ".patterns"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(home, __name__)
+    for other, where in _HOME.items():
+        if where == home:
+            globals()[other] = getattr(module, other)
+    return globals()[name]
+
 
 __all__ = [
     "CAUSE",

@@ -19,13 +19,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..states import FailureClass
+from .classes import claim_words
 
-FC = FailureClass
-
-# The failure classes only the scheduler (or the client speaking for it) can confirm.
-SCHEDULER_CLASSES = frozenset({FC.PREEMPTED, FC.TIME_LIMIT, FC.NODE_FAILURE})
-
-CLAIM_WORDS = {FC.PREEMPTED: "preemption", FC.TIME_LIMIT: "time limit", FC.NODE_FAILURE: "node failure"}
+# The failure classes only the scheduler (or the client speaking for it) can confirm, and the words
+# for a claim of one printed in the output: their ``slurm_claim`` in supervisor/failures/classes.py.
+CLAIM_WORDS = claim_words()
+SCHEDULER_CLASSES = frozenset(CLAIM_WORDS)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .. import __version__
 from ..events import Ev, Event
+from ..failures.classes import classes_where
 from .model import RunMetrics
 
 __all__ = ["OTEL_EVENTS", "SNAPSHOT_VERSION", "otel_record", "otel_resource", "prometheus_text", "snapshot_json"]
@@ -107,11 +108,14 @@ def _attribute(value: Any) -> Any:
     return None
 
 
+_NOT_FAILURES = frozenset(c.value for c in classes_where(answerable=False))  # supervisor/failures/classes.py
+
+
 def _severity(event: Event) -> str:
     if event.event == Ev.RUN_END.value:
         return "INFO" if event.get("outcome") in ("complete", "requeue") else "ERROR"
     if event.event == Ev.ATTEMPT_END.value:
-        return "INFO" if event.get("class") in ("completed", "preempted", "time_limit", "cancelled") else "ERROR"
+        return "INFO" if event.get("class") in _NOT_FAILURES else "ERROR"
     if event.event in (Ev.NOTICE.value, Ev.SAVE_ABORTED.value, Ev.QUARANTINE.value, Ev.STALL.value,
                        Ev.RESUME_MISMATCH.value):
         return "WARN"

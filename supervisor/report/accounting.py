@@ -1,7 +1,8 @@
 """Slurm's history of a run beside the supervisor's: pure matching of accounting records to sessions.
 
 A *session* is one ``run_start`` in the event log: one supervisor process, started by one run of the
-batch script (``JobRow`` in ``model.py``, with the job id and ``SLURM_RESTART_COUNT`` it logged). An
+batch script (:class:`Session`, which ``JobRow`` in ``model.py`` is, with the job id and
+``SLURM_RESTART_COUNT`` it logged). An
 accounting *record* is one run of a job as Slurm counted it (``sacct --duplicates``: a requeue gives
 the same job id a new record). Each started record should have exactly one session and each session
 of a Slurm job one record; where not, the report says which and why:
@@ -24,14 +25,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..slurm.sacct import SacctAnswer, SacctStatus, SlurmJobRecord
 
-if TYPE_CHECKING:
-    from .model import JobRow
-
 SLACK = 120.0  # seconds of clock disagreement between the nodes and the accounting database
+
+
+class Session(Protocol):
+    """What matching reads of one supervisor session (``report.model.JobRow``). A protocol, so that
+    this module does not import the model that imports it."""
+
+    @property
+    def session(self) -> int: ...
+    @property
+    def job_id(self) -> str | None: ...
+    @property
+    def restart_count(self) -> int | None: ...
+    @property
+    def start(self) -> float | None: ...
+    @property
+    def attempts(self) -> tuple[int, ...]: ...
 
 
 class Agreement(Enum):
@@ -104,7 +118,7 @@ def _row_json(row: HistoryRow) -> dict[str, Any]:
 # Which jobs to ask about
 
 
-def run_job_ids(sessions: Iterable[JobRow], submissions: Iterable[Mapping[str, Any]] = ()) -> tuple[str, ...]:
+def run_job_ids(sessions: Iterable[Session], submissions: Iterable[Mapping[str, Any]] = ()) -> tuple[str, ...]:
     """Job ids of the run, oldest first: those its sessions logged (``run_start``: requeues keep the
     id) and those ``supervise submit`` recorded in ``submissions.jsonl`` (a resubmission is a new job
     id, and a job whose supervisor never started is only there)."""
@@ -147,7 +161,7 @@ def _inside(record: SlurmJobRecord, ts: float | None, slack: float) -> bool:
 
 
 def _pick(candidates: list[int], records: Sequence[SlurmJobRecord], restarts: Mapping[int, int],
-          session: JobRow, slack: float) -> int | None:
+          session: Session, slack: float) -> int | None:
     """The record of ``candidates`` (one job's started records) this session ran in."""
     window = [i for i in candidates if _inside(records[i], session.start, slack)]
     same = [i for i in candidates if session.restart_count is not None and restarts.get(i) == session.restart_count]
@@ -161,13 +175,13 @@ def _pick(candidates: list[int], records: Sequence[SlurmJobRecord], restarts: Ma
     return same[0] if same else None
 
 
-def compare(sessions: Sequence[JobRow], records: Sequence[SlurmJobRecord], *,
+def compare(sessions: Sequence[Session], records: Sequence[SlurmJobRecord], *,
             slack: float = SLACK) -> tuple[HistoryRow, ...]:
     """Slurm's records and the supervisor's sessions side by side, each line saying whether they
     agree. Sessions without a job id (a run outside Slurm) are not compared."""
     restarts = _restart_numbers(records)
-    matched: dict[int, list[JobRow]] = {}
-    orphans: list[tuple[JobRow, str]] = []
+    matched: dict[int, list[Session]] = {}
+    orphans: list[tuple[Session, str]] = []
     for s in sessions:
         if not s.job_id:
             continue
@@ -216,7 +230,7 @@ def _first_ts(row: HistoryRow) -> float:
     return float("inf")
 
 
-def accounting_view(answer: SacctAnswer | None, sessions: Sequence[JobRow], job_ids: Sequence[str]) -> AccountingView:
+def accounting_view(answer: SacctAnswer | None, sessions: Sequence[Session], job_ids: Sequence[str]) -> AccountingView:
     """The section for the report: ``answer`` None means the history was not asked for."""
     ids = tuple(job_ids)
     if not ids:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from ..failures.classes import CLASSES, Ending
 from .markup import Html, el, px
 from .model import AttemptRow, Report
 from .render import fmt_duration, fmt_lost, fmt_ts
@@ -18,7 +19,8 @@ from .render import fmt_duration, fmt_lost, fmt_ts
 # What each attempt looks like on the charts
 
 # One look per kind of attempt end; the legend, the bars and the table badges share it.
-_END_KIND = {"completed": "ok", "preempted": "sched", "time_limit": "sched", "cancelled": "person"}
+_LOOK = {Ending.DONE: "ok", Ending.SCHEDULER: "sched", Ending.PERSON: "person"}  # else "fail"
+_END_KIND = {c.value: _LOOK[t.ends] for c, t in CLASSES.items() if t.ends in _LOOK}
 
 
 def end_kind(a: AttemptRow) -> str:

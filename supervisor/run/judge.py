@@ -19,7 +19,7 @@ from ..budget import BudgetVerdict, judge
 from ..config import BudgetConfig
 from ..errors import ExitCode
 from ..failures import Failure
-from ..policy import ClassPolicy, Decision, action_for, decide
+from ..policy import ClassPolicy, Decision, decide
 from ..states import Action, FailureClass, RunOutcome
 from .stop import Cause, CauseKind
 
@@ -94,7 +94,7 @@ def judge_attempt(failure: Failure, facts: AttemptFacts, history: Sequence[Any],
     reason when policy says stop; supervise itself then exits 4 (``ExitCode.STOPPED``)."""
     cls, reason = effective_class(failure, facts)
     if cls is not failure.cls:
-        failure = replace(failure, cls=cls, action=action_for(cls, policy), reason=reason)
+        failure = replace(failure, cls=cls, reason=reason)
     if cls is FailureClass.COMPLETED:
         # The training finished: supervise exits 0. What it cost is judged as a whole, and a run that
         # lost more than its budget allows says so in its last words (the report's verdict is not ok).

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from ..class_traits import classes_where
+from ..failures.classes import classes_where
 from ..errors import ExitCode
 from ..states import FailureClass, SubmitAction
 from .parse import JobInfo
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 REQUEUE_POLICIES = ("auto", "always", "never")  # config preemption.requeue
-HARDWARE_CLASSES = classes_where(hardware_requeue=True)  # requeued away from the node (supervisor/class_traits.py)
+HARDWARE_CLASSES = classes_where(hardware_requeue=True)  # requeued away from the node (supervisor/failures/classes.py)
 # States of a job that is already waiting to run again (a suspended job is not: it was never requeued).
 _REQUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
 # Job states after which the run should come back: the scheduler ended the allocation, not the run.

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..policy import ClassPolicy, action_for
 from ..progress import StepExtractor
 from ..signals import signal_name
-from ..states import Action, FailureClass
+from ..states import FailureClass
 from .evidence import CLAIM_WORDS, SCHEDULER_CLASSES, SlurmEvidence
 from .patterns import (
     _PRIORITY_NAMES,
@@ -46,10 +45,11 @@ _SCHEDULER_CLAIMS = frozenset(id(p) for p in DEFAULT_PATTERNS if p.cls in SCHEDU
 
 @dataclass(frozen=True)
 class Failure:
-    """How an attempt ended: the class of its first failure, the policy's action, and the evidence."""
+    """How an attempt ended: the class of its first failure and the evidence. What happened, never
+    what to do: ``run/judge.py`` decides that once, from the class's row in ``failures/classes.py``
+    through the policy."""
 
     cls: FailureClass
-    action: Action
     evidence: tuple[str, ...] = ()  # the decisive line(s), cleaned
     context: tuple[str, ...] = ()  # a few lines around the first error
     step: int | None = None  # the last global step reported before the first error
@@ -68,7 +68,7 @@ def classify(
     signal: int | None,
     output_tail: str,
     *,
-    policy: Mapping[FailureClass, ClassPolicy] | None = None,
+    policy: object = None,
     step_regex: str | None = None,
     patterns: Sequence[FailurePattern] | None = None,
     slurm: SlurmEvidence | None = None,
@@ -77,8 +77,10 @@ def classify(
 
     ``exit_code``/``signal``: the child's status (``signal`` set when it died of one; ``exit_code`` may
     be None then, or unknown altogether). ``step_regex``: the user's step pattern (default: the
-    shared patterns of :mod:`supervisor.progress`). ``patterns``: a replacement evidence table.
-    ``slurm``: what the scheduler says (:class:`SlurmEvidence`; None: nothing, as for a local run).
+    shared patterns of :mod:`supervisor.progress`). ``policy``: unused, accepted for callers that
+    still pass it (``run/loop.py``): what to do is judged later, never here. ``patterns``: a
+    replacement evidence table. ``slurm``: what the scheduler says (:class:`SlurmEvidence`; None:
+    nothing, as for a local run).
     A preemption, time limit or node failure printed in the text counts only when ``slurm`` confirms
     a scheduler end; otherwise those lines are set aside, the rest of the evidence decides, and
     ``text_claim`` says what was claimed and what contradicts it.
@@ -104,15 +106,16 @@ def classify(
         first = min(claims, key=lambda m: (m.priority, m.line))
         claimed = CLAIM_WORDS.get(first.cls, first.cls.value)
         claim = f"{evidence.contradiction(first.cls)}; line {first.line + 1}: {_clean(lines[first.line].text)}"
-    failure = _judge(exit_code, signal, lines, matches, extractor, policy)
+    del policy  # a Failure says what happened; supervisor/run/judge.py decides what to do
+    failure = _decide_class(exit_code, signal, lines, matches, extractor)
     if claim is None:
         return failure
     return replace(failure, text_claim=claim,
                    reason=f"{failure.reason}; the output claims a {claimed} that Slurm did not confirm: set aside")
 
 
-def _judge(exit_code: int | None, signal: int | None, lines: list[_Line], matches: list[_Match],
-           extractor: StepExtractor, policy: Mapping[FailureClass, ClassPolicy] | None) -> Failure:
+def _decide_class(exit_code: int | None, signal: int | None, lines: list[_Line], matches: list[_Match],
+                  extractor: StepExtractor) -> Failure:
     """The class from the matches that count (the scheduler claims Slurm did not confirm are gone)."""
     steps = _Steps(lines, extractor)
     chosen, others = _choose(matches, lines, steps)
@@ -124,8 +127,7 @@ def _judge(exit_code: int | None, signal: int | None, lines: list[_Line], matche
         where = ", ".join(x for x in (f"node {node}" if node else "", f"rank {rank}" if rank is not None else "")
                           if x)
         lo = max(m.line - CONTEXT_BEFORE, 0)
-        return Failure(cls, action_for(cls, policy),
-                       evidence=tuple(_clean(lines[i].text) for i in sorted({m.line, *m.extra})),
+        return Failure(cls, evidence=tuple(_clean(lines[i].text) for i in sorted({m.line, *m.extra})),
                        context=tuple(_clean(ln.raw) for ln in lines[lo:m.line + CONTEXT_AFTER + 1]),
                        step=steps.before(m.start), node=node, rank=rank, exit_code=exit_code, signal=signal,
                        reason=reason.replace("{where}", f" ({where})" if where else ""))
@@ -134,7 +136,7 @@ def _judge(exit_code: int | None, signal: int | None, lines: list[_Line], matche
         evidence: tuple[str, ...] = ()
         if sig is not None and cls != FC.COMPLETED:
             evidence = (_status_text(None, sig) + (f" (exit status {exit_code})" if inferred else ""),)
-        return Failure(cls, action_for(cls, policy), evidence=evidence,
+        return Failure(cls, evidence=evidence,
                        step=steps.before(len(lines) - 1) if lines else None, exit_code=exit_code, signal=signal,
                        reason=reason)
 
@@ -150,7 +152,7 @@ def _judge(exit_code: int | None, signal: int | None, lines: list[_Line], matche
             idx, marker = finished
             how = "no exit status" if sig is None else status
             lo = max(idx - CONTEXT_BEFORE, 0)
-            return Failure(FC.COMPLETED, action_for(FC.COMPLETED, policy), evidence=(_clean(lines[idx].text),),
+            return Failure(FC.COMPLETED, evidence=(_clean(lines[idx].text),),
                            context=tuple(_clean(ln.raw) for ln in lines[lo:idx + CONTEXT_AFTER + 1]),
                            step=steps.before(len(lines) - 1), exit_code=exit_code, signal=signal,
                            reason=f"{how}, but the training had finished: {marker.label} (line {idx + 1}) and "
@@ -176,9 +178,8 @@ def _judge(exit_code: int | None, signal: int | None, lines: list[_Line], matche
     return from_status(FC.UNKNOWN, f"exit status {exit_code} and no failure evidence in the output")
 
 
-def with_class(failure: Failure, cls: FailureClass, reason: str,
-               policy: Mapping[FailureClass, ClassPolicy] | None = None) -> Failure:
+def with_class(failure: Failure, cls: FailureClass, reason: str) -> Failure:
     """The same failure with a class the supervisor knows better (a stall it detected, a notice it got)."""
-    return replace(failure, cls=cls, action=action_for(cls, policy), reason=reason)
+    return replace(failure, cls=cls, reason=reason)
 
 
