@@ -72,7 +72,7 @@ def test_the_derived_views_agree_with_the_table() -> None:
     from supervisor.metrics.render import _NOT_FAILURES
     from supervisor.policy import DEFAULT_POLICY
     from supervisor.preemption import _HARDWARE
-    from supervisor.report.html import _END_KIND
+    from supervisor.report.charts import _END_KIND
     from supervisor.states import FailureClass as FC
 
     for cls, t in CLASSES.items():
