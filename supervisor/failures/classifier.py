@@ -68,7 +68,6 @@ def classify(
     signal: int | None,
     output_tail: str,
     *,
-    policy: object = None,
     step_regex: str | None = None,
     patterns: Sequence[FailurePattern] | None = None,
     slurm: SlurmEvidence | None = None,
@@ -77,8 +76,8 @@ def classify(
 
     ``exit_code``/``signal``: the child's status (``signal`` set when it died of one; ``exit_code`` may
     be None then, or unknown altogether). ``step_regex``: the user's step pattern (default: the
-    shared patterns of :mod:`supervisor.progress`). ``policy``: unused, accepted for callers that
-    still pass it (``run/loop.py``): what to do is judged later, never here. ``patterns``: a
+    shared patterns of :mod:`supervisor.progress`).
+    What to do is judged later (supervisor/run/judge.py), never here. ``patterns``: a
     replacement evidence table. ``slurm``: what the scheduler says (:class:`SlurmEvidence`; None:
     nothing, as for a local run).
     A preemption, time limit or node failure printed in the text counts only when ``slurm`` confirms
@@ -106,7 +105,6 @@ def classify(
         first = min(claims, key=lambda m: (m.priority, m.line))
         claimed = CLAIM_WORDS.get(first.cls, first.cls.value)
         claim = f"{evidence.contradiction(first.cls)}; line {first.line + 1}: {_clean(lines[first.line].text)}"
-    del policy  # a Failure says what happened; supervisor/run/judge.py decides what to do
     failure = _decide_class(exit_code, signal, lines, matches, extractor)
     if claim is None:
         return failure

@@ -254,7 +254,7 @@ class Runner:
                 ctx.emit(Ev.STOP_CAUSE, attempt=state.attempt, **state.slurm.verdict.to_event())
         notice_cls, notice_reason = notices.settle_cause(state.notice, state.slurm.verdict, exit_.status)
         evidence = notices.slurm_evidence(state.notice, state.slurm.verdict, notice_cls, bool(ctx.slurm_env.job_id))
-        failure = classify(exit_.exit_code, exit_.signal, child.tail_text(), policy=ctx.cfg.policy,
+        failure = classify(exit_.exit_code, exit_.signal, child.tail_text(),
                            step_regex=ctx.cfg.step_regex, slurm=evidence)
         facts = AttemptFacts(cause=state.stop.cause, notice_class=notice_cls, notice_reason=notice_reason,
                              client_done=state.peers.client_done)
