@@ -1,4 +1,4 @@
-"""What the metrics writer (supervisor/metrics/sink.py) costs the run loop (results: docs/benchmarks.md).
+"""What the metrics writer (supervisor/addons/metrics/sink.py) costs the run loop (results: docs/benchmarks.md).
 
 * accept(): the time the loop's thread spends handing one event over (no wait: a progress event);
 * the wait at a resume point, the first one of a job whose event log already holds N earlier events
@@ -24,8 +24,8 @@ sys.path.insert(0, str(REPO))
 
 from supervisor.config import MetricsConfig  # noqa: E402
 from supervisor.events import Event, EventLog  # noqa: E402
-from supervisor.metrics.model import EventWindow, run_metrics  # noqa: E402
-from supervisor.metrics.sink import MetricsSink  # noqa: E402
+from supervisor.addons.metrics.model import EventWindow, run_metrics  # noqa: E402
+from supervisor.addons.metrics.sink import MetricsSink  # noqa: E402
 
 
 def history(n: int) -> list[tuple[str, dict]]:

@@ -7,7 +7,7 @@ import json
 import os
 from typing import Any
 
-METRICS_SNAPSHOT = "metrics.json"  # in $SUPERVISOR_RUN_DIR/supervisor/, written by supervisor/metrics/sink.py
+METRICS_SNAPSHOT = "metrics.json"  # in $SUPERVISOR_RUN_DIR/supervisor/, written by supervisor/addons/metrics/sink.py
 _MAX_SNAPSHOT_BYTES = 1 << 16
 _MAX_METRICS = 64
 

@@ -98,7 +98,7 @@ class NotifyConfig:
     ``url`` on the chosen ``events``. Sent from a background thread with ``retries`` and a per-try
     ``timeout``; a notifier that fails is logged and counted, never a reason to stop the run."""
 
-    # The events a notification can be asked for (supervisor.notify.NotifyEvent has the same values).
+    # The events a notification can be asked for (supervisor.addons.notify.NotifyEvent has the same values).
     EVENTS: typing.ClassVar[tuple[str, ...]] = ("stopped", "held", "results_check", "complete", "cancelled",
                                                 "resumability")
     # The variables the command gets besides the payload on stdin (not config: env_overrides skips them).
@@ -250,7 +250,7 @@ class GpuCheckConfig:
 class NodesConfig:
     """The node health ledger shared by a user's runs, and what its evidence leads to (docs/node-health.md)."""
 
-    # Ledger records that are not a failure class (supervisor.nodes.NodeEventKind has the same values).
+    # Ledger records that are not a failure class (supervisor.addons.nodes.NodeEventKind has the same values).
     NODE_KINDS: typing.ClassVar[tuple[str, ...]] = ("gpu_check", "slow_node", "loss_anomaly")
 
     ledger: str | None = None  # JSONL file; default ~/.cache/slurm-supervisor/nodes.jsonl

@@ -75,8 +75,8 @@ class Ev(str, Enum):
     DETERMINISM = "determinism"  # what the client reports of torch determinism settings
     WARNING = "warning"
     EVENT_LOG_GAP = "event_log_gap"  # the log could not be written for a while: delayed, lost, why
-    SLOW_NODE = "slow_node"  # a node whose ranks step slower than the other nodes' (supervisor.slownode)
-    DIAGNOSIS = "diagnosis"  # supervise diagnose: where a GPU failure really happened (supervisor.diagnose)
+    SLOW_NODE = "slow_node"  # a node whose ranks step slower than the other nodes' (supervisor.addons.slownode)
+    DIAGNOSIS = "diagnosis"  # supervise diagnose: where a GPU failure really happened (supervisor.addons.diagnose)
     RESUMABILITY = "resumability"  # can this run resume? said at the first save (supervisor.resumability)
     SAVE_ELSEWHERE = "save_elsewhere"  # the output says a checkpoint was saved outside the watched directory
 

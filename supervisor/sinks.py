@@ -2,7 +2,7 @@
 
 The run loop hands every event it records to :func:`deliver` (one place: ``RunContext.emit`` in
 ``supervisor/run/context.py``); what a sink does with it (the metrics files of
-``supervisor/metrics/``, say) is none of the loop's business, so the loop imports no sink. A sink
+``supervisor/addons/metrics/``, say) is none of the loop's business, so the loop imports no sink. A sink
 must return at once (hand slow work to a thread of its own) and must not raise; :func:`deliver`
 swallows and logs what one raises anyway, so a broken sink never takes the run down.
 

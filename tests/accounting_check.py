@@ -17,9 +17,9 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from supervisor.report import Report, build_report
-from supervisor.report.accounting import AccountingState, AccountingView, Agreement
-from supervisor.slurm.accounting import query_sacct
+from supervisor.addons.report import Report, build_report
+from supervisor.addons.report.accounting import AccountingState, AccountingView, Agreement
+from supervisor.addons.accounting import query_sacct
 from supervisor.slurm.parse import expand_hostlist
 
 # The states of a run that came back afterwards: requeued (by Slurm or by the supervisor), or ended

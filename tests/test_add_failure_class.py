@@ -73,7 +73,7 @@ assert stopped.outcome is RunOutcome.STOPPED and stopped.stopped_by == "policy.n
 
 # The node's fault: the requeue says so, and the shared node ledger's defaults exclude the node.
 from supervisor.config import NodesConfig
-from supervisor.nodes import exclusions, record_failure
+from supervisor.addons.nodes import exclusions, record_failure
 from supervisor.preemption import decide_requeue
 requeue = decide_requeue(child_outcome=NEW, in_slurm=True, job_requeueable=True, slurm_version="23.02",
                          notice=None, already_requeued=False, policy="auto", requeue_on_time_limit=False,

@@ -159,7 +159,7 @@ def test_a_flood_of_torn_files_gets_one_manifest_and_the_report_still_explains_e
     """Past the batch's first sidecars, the records go to one manifest (one new file for the whole
     flood, not one per torn file): every file is still moved aside, none is lost, and the report
     reads each one's reason from wherever its record is."""
-    from supervisor.report.load import list_quarantined
+    from supervisor.addons.report.load import list_quarantined
 
     monkeypatch.setattr(quarantine_module, "SIDECARS_PER_BATCH", 3)  # the real one is 256: same path
     d = tmp_path / "ckpts"

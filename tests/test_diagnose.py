@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor.diagnose import (
+from supervisor.addons.diagnose import (
     DIAGNOSABLE,
     CheckpointCandidate,
     DiagnosisOutcome,
@@ -373,7 +373,7 @@ def test_dry_run_plans_without_running(gpu_run: Path) -> None:
 
 
 def test_two_diagnoses_in_the_same_second_never_share_a_scratch_directory(tmp_path: Path) -> None:
-    from supervisor.diagnose import unused_path
+    from supervisor.addons.diagnose import unused_path
 
     first = tmp_path / "diagnose-1-20261201-182708"
     assert unused_path(first) == first

@@ -1,5 +1,5 @@
 """The extension points docs/architecture.md ("How to add") names, each used the documented way
-only: a notify channel registered through ``supervisor/notify.py``'s ``register_channel``. Plain
+only: a notify channel registered through ``supervisor/addons/notify.py``'s ``register_channel``. Plain
 data, no network, no subprocess."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from supervisor import notify
+from supervisor.addons import notify
 from supervisor.config import NotifyConfig
 
 

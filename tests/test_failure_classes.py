@@ -64,15 +64,15 @@ def test_no_module_but_the_table_lists_classes() -> None:
 
 def test_the_derived_views_agree_with_the_table() -> None:
     from supervisor.config import NodesConfig
-    from supervisor.diagnose.plan import DIAGNOSABLE
+    from supervisor.addons.diagnose.plan import DIAGNOSABLE
     from supervisor.failures.classes import CLASSES, Ending, classes_where, node_kinds
     from supervisor.failures.evidence import CLAIM_WORDS, SCHEDULER_CLASSES
     from supervisor.failures.patterns import DEFAULT_PATTERNS
     from supervisor.ledger import NOT_FAILURES, RESULTS_CHECK_CLASSES, SCHEDULER_ENDS, is_crash
-    from supervisor.metrics.render import _NOT_FAILURES
+    from supervisor.addons.metrics.render import _NOT_FAILURES
     from supervisor.policy import DEFAULT_POLICY
     from supervisor.preemption import _HARDWARE
-    from supervisor.report.charts import _END_KIND
+    from supervisor.addons.report.charts import _END_KIND
     from supervisor.states import FailureClass as FC
 
     for cls, t in CLASSES.items():

@@ -17,7 +17,7 @@ import pytest
 from supervisor.cli.gpu_cmd import render
 from supervisor.config import GpuCheckConfig, load_config
 from supervisor.errors import ConfigError
-from supervisor.health import (
+from supervisor.addons.health import (
     DEFAULT_REPEATS,
     EXIT_CANNOT_CHECK,
     EXIT_HEALTHY,
@@ -320,7 +320,7 @@ def test_bad_gpu_check_settings_are_refused_with_the_key(key: str, value: str) -
 def _run_template(name: str, tmp_path: Path, env_extra: dict[str, str]) -> str:
     """Run a rendered template with stand-ins for srun (drops its options) and supervise (prints the
     preflight setting it was started with); returns what supervise saw."""
-    from supervisor import templates
+    from supervisor.addons import templates
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)

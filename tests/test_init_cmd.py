@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from supervisor import templates
+from supervisor.addons import templates
 from supervisor.cli import main
 from supervisor.errors import ExitCode
 

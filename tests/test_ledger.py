@@ -25,8 +25,8 @@ from supervisor.ledger import (
     restarts_from_scratch,
     results_check,
 )
-from supervisor.report import build_report
-from supervisor.report.render import render_text
+from supervisor.addons.report import build_report
+from supervisor.addons.report.render import render_text
 from supervisor.states import FailureClass as FC
 
 IMA = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.config import load_config
-from supervisor.manifest import (
+from supervisor.addons.manifest import (
     collect_manifest,
     determinism_env,
     find_child_python,

@@ -1,4 +1,4 @@
-"""Restart metrics (supervisor/metrics/, docs/metrics.md): the fold agrees with the report, the files
+"""Restart metrics (supervisor/addons/metrics/, docs/metrics.md): the fold agrees with the report, the files
 are what Prometheus and an OpenTelemetry pipeline read, the sink counts an earlier job's history once
 and has the training's snapshot on disk before a launch, and the training side logs it in one call."""
 
@@ -15,10 +15,10 @@ from supervisor import client
 from supervisor.config import MetricsConfig, load_config
 from supervisor.errors import ConfigError
 from supervisor.events import Event, EventLog
-from supervisor.metrics.model import EventWindow, run_metrics
-from supervisor.metrics.render import otel_record, otel_resource, prometheus_text
-from supervisor.metrics.sink import MetricsSink, metrics_sink
-from supervisor.report.model import fold
+from supervisor.addons.metrics.model import EventWindow, run_metrics
+from supervisor.addons.metrics.render import otel_record, otel_resource, prometheus_text
+from supervisor.addons.metrics.sink import MetricsSink, metrics_sink
+from supervisor.addons.report.model import fold
 from supervisor.sinks import deliver, seed
 
 

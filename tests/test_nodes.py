@@ -17,7 +17,7 @@ import pytest
 
 from supervisor.config import NodesConfig, load_config
 from supervisor.errors import ConfigError
-from supervisor.nodes import (
+from supervisor.addons.nodes import (
     NodeEventKind,
     NodeLedger,
     current_exclusions,
@@ -38,7 +38,7 @@ POLICY = NodesConfig(window=7 * DAY, suspect_after=2, exclude_after=2, exclude_f
 
 WRITER = textwrap.dedent("""
     import sys, time
-    from supervisor.nodes import NodeLedger, record_failure
+    from supervisor.addons.nodes import NodeLedger, record_failure
     path, name, count, max_bytes, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     while time.time() < start:
         time.sleep(0.001)
@@ -291,7 +291,7 @@ def test_check_gpu_record_puts_an_unhealthy_verdict_in_the_ledger(tmp_path: Path
 
 def test_both_nodes_of_a_job_write_one_ledger(slurm_cluster, slurm_job_dir: Path) -> None:
     ledger = slurm_job_dir / "nodes.jsonl"
-    body = ("import os, time; from supervisor.nodes import NodeLedger, record_slow_node; "
+    body = ("import os, time; from supervisor.addons.nodes import NodeLedger, record_slow_node; "
             f"L = NodeLedger({str(ledger)!r}); node = os.environ['SLURMD_NODENAME']; "
             "[L.append(record_slow_node(node, 'x' * (i % 50), ts=time.time(), job_id=os.environ['SLURM_JOB_ID'])) "
             "for i in range(300)]")

@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from supervisor import notify
+from supervisor.addons import notify
 from supervisor.config import NotifyConfig, load_config
 from supervisor.errors import ConfigError
 from supervisor.events import Ev
-from supervisor.notify import NotifyEvent, notification_for, on_event
+from supervisor.addons.notify import NotifyEvent, notification_for, on_event
 
 RUN_START = {"name": "exp1", "run_dir": "/scratch/runs/exp1", "job_id": "4242", "host": "n1"}
 STOPPED = {"outcome": "stopped", "exit_code": 4, "reason": "budget same_failure_limit exhausted: crash loop",
@@ -264,7 +264,7 @@ def test_the_last_notification_is_sent_before_the_process_exits(endpoint: Endpoi
     """run_end is the supervisor's last event: a process that logs it and exits at once still tells."""
     import subprocess
 
-    code = (f"from supervisor.config import NotifyConfig\nfrom supervisor.notify import on_event\n"
+    code = (f"from supervisor.config import NotifyConfig\nfrom supervisor.addons.notify import on_event\n"
             f"on_event(NotifyConfig(url={endpoint.url!r}), 'run_end', {{'outcome': 'complete', 'reason': 'done'}})\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
                           cwd=Path(__file__).resolve().parent.parent)

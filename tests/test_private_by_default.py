@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 
 from supervisor.lock import RunLock
-from supervisor.manifest import write_manifest
-from supervisor.nodes import NodeLedger
+from supervisor.addons.manifest import write_manifest
+from supervisor.addons.nodes import NodeLedger
 from supervisor.private import GROUP_READ, OWNER_ONLY, append_fd, write_atomic
 from supervisor.redact import REDACTED, is_secret_name, redact_argv, redact_env, redact_text, redact_value
-from supervisor.resubmit import append_submission
+from supervisor.addons.resubmit import append_submission
 
 REPO = Path(__file__).resolve().parent.parent
 

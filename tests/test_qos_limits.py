@@ -12,7 +12,7 @@ import pytest
 
 from supervisor.config import BudgetConfig
 from supervisor.errors import SlurmError
-from supervisor.resubmit import SubmitLoop
+from supervisor.addons.resubmit import SubmitLoop
 from supervisor.slurm import JobInfo
 from supervisor.slurm.qos_limits import (
     QosLimit,

@@ -16,15 +16,15 @@ import pytest
 
 from supervisor.config import load_config
 from supervisor.events import Ev, EventLog
-from supervisor.manifest import collect_manifest, write_manifest
-from supervisor.report import (
+from supervisor.addons.manifest import collect_manifest, write_manifest
+from supervisor.addons.report import (
     build_report,
     check_alive,
     fold,
     resolve_run_dir,
     summarize_status,
 )
-from supervisor.report.render import render_markdown, render_status, render_text
+from supervisor.addons.report.render import render_markdown, render_status, render_text
 from tests.helpers import run_supervise
 
 T0 = 1_750_000_000.0
@@ -514,7 +514,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_plot_marks_failures_restarts_preemptions_and_resumes(run_dir: Path, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")  # the 'plot' extra; the test extra installs it
-    from supervisor.report.plot import PLOT_DPI, PLOT_SIZE_IN, plot_report
+    from supervisor.addons.report.plot import PLOT_DPI, PLOT_SIZE_IN, plot_report
 
     png = tmp_path / "steps.png"
     counts = plot_report(build_report(run_dir), png)

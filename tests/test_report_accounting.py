@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from supervisor.events import Ev, EventLog
-from supervisor.report import build_report
-from supervisor.report.accounting import (
+from supervisor.addons.report import build_report
+from supervisor.addons.report.accounting import (
     AccountingState,
     AccountingView,
     Agreement,
@@ -29,10 +29,10 @@ from supervisor.report.accounting import (
     compare,
     run_job_ids,
 )
-from supervisor.report.html import render_html, section_ids
-from supervisor.report.model import JobRow
-from supervisor.report.render import accounting_blocks, render_markdown, render_text, to_text
-from supervisor.slurm.accounting import query_sacct
+from supervisor.addons.report.html import render_html, section_ids
+from supervisor.addons.report.model import JobRow
+from supervisor.addons.report.render import accounting_blocks, render_markdown, render_text, to_text
+from supervisor.addons.accounting import query_sacct
 from supervisor.slurm.sacct import (
     DELIMITER,
     FIELDS_WITHOUT_RESTARTS,
@@ -273,7 +273,7 @@ def test_unavailable_history_is_one_line_and_the_rest_unchanged(tmp_path: Path) 
 
 
 def test_html_escapes_sacct_text_and_has_its_section() -> None:
-    from supervisor.report.model import EventsSummary, Report, RunInfo
+    from supervisor.addons.report.model import EventsSummary, Report, RunInfo
 
     rep = Report(run=RunInfo(name="r"), attempts=(), verdict=None, checkpoints=None, quarantined=(), drift=(),
                  events_summary=EventsSummary(counts={}), warnings=(), accounting=_hostile_view())

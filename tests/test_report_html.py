@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 
 from supervisor.events import Ev, EventLog
-from supervisor.report import build_report
-from supervisor.report.html import render_html, section_ids, time_ticks
+from supervisor.addons.report import build_report
+from supervisor.addons.report.html import render_html, section_ids, time_ticks
 from tests.helpers import EXAMPLES, run_supervise, start_supervise, wait_for
 
 PY = sys.executable

@@ -15,8 +15,8 @@ import pytest
 from fakes import ChildScript
 from helpers import events_named, run_supervise
 from supervisor.events import read_events
-from supervisor.notify import NotifyEvent, notification_for
-from supervisor.report.model import fold
+from supervisor.addons.notify import NotifyEvent, notification_for
+from supervisor.addons.report.model import fold
 from supervisor.states import RunOutcome
 from test_run_loop import make
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from supervisor.config import load_config
 from supervisor.run import Runner
-from supervisor.run.gpu_preflight import GpuPreflight
+from supervisor.addons.gpu_preflight import GpuPreflight
 from supervisor.run.hooks import AddOn
-from supervisor.run.node_health import NodeHealth
+from supervisor.addons.node_health import NodeHealth
 from supervisor.run.stop import UNCHANGED_EXIT_WAIT
 from supervisor.states import RunOutcome
 

@@ -3,7 +3,7 @@
 CI has no GPU. The 'cannot check' path runs for real (the probe finds no CUDA device). The
 'unhealthy GPU' path needs a GPU that computes wrong bits, which we cannot make: there the
 interpreter the probe runs under is a stand-in script that prints the probe's result line with
-mismatching repeats (the format of supervisor/health_probe.py), and runs real Python otherwise.
+mismatching repeats (the format of supervisor/addons/health_probe.py), and runs real Python otherwise.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 from supervisor.config import SlowNodeConfig, load_config
 from supervisor.control import ControlServer, new_token
 from supervisor.errors import ConfigError
-from supervisor.slownode import EVALUATE_EVERY, SlowNodeTracker
+from supervisor.addons.slownode import EVALUATE_EVERY, SlowNodeTracker
 
 REPO = Path(__file__).resolve().parent.parent
 CFG = SlowNodeConfig(factor=1.3, min_samples=5, min_duration=60.0, window=300.0)

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import templates
+from supervisor.addons import templates
 from supervisor.budget import BudgetVerdict
 from supervisor.config import BudgetConfig
 from supervisor.errors import UsageError
 from supervisor.events import Event
-from supervisor.resubmit import (
+from supervisor.addons.resubmit import (
     decide_next,
     job_scope,
     job_workdir,

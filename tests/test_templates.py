@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from supervisor import templates
+from supervisor.addons import templates
 from supervisor.errors import UsageError
 
 REPO = Path(__file__).resolve().parent.parent

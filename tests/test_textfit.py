@@ -14,10 +14,10 @@ import pytest
 
 from supervisor.cli.common import setup_logging
 from supervisor.events import Ev, EventLog
-from supervisor.report import build_report, summarize_status
-from supervisor.report.render import render_status, status_line, to_text
-from supervisor.report.render import Block
-from supervisor.report.textfit import DEFAULT_COLUMNS, columns, fit_table, wrap
+from supervisor.addons.report import build_report, summarize_status
+from supervisor.addons.report.render import render_status, status_line, to_text
+from supervisor.addons.report.render import Block
+from supervisor.addons.report.textfit import DEFAULT_COLUMNS, columns, fit_table, wrap
 from supervisor.run.attempt import AttemptState
 from supervisor.run.monitor import progress_extras
 

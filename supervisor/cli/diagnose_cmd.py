@@ -1,4 +1,4 @@
-"""``supervise diagnose RUN_DIR``: rerun a GPU failure where it can be located (supervisor.diagnose)."""
+"""``supervise diagnose RUN_DIR``: rerun a GPU failure where it can be located (supervisor.addons.diagnose)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def diagnose_cmd(run_dir: Path, attempt: int | None, max_seconds: float, max_ste
     checkpoint saved before the failure with CUDA_LAUNCH_BLOCKING=1 (and under compute-sanitizer's
     memcheck when it is installed), bounded in steps and time, and name the kernel and the Python
     line that failed. The result is appended to the run's event log as a `diagnosis` event."""
-    from ..diagnose import diagnose, render
+    from ..addons.diagnose import diagnose, render
 
     overrides: dict[str, str] = {}
     for given in env_items:

@@ -147,7 +147,7 @@ def _fmt(value: Any) -> str:
 
 def _table(rows: list[list[str]], headers: list[str]) -> str:
     """Aligned, and fitted to COLUMNS (else the terminal, else 100): wide cells wrap, none is cut."""
-    from ..report.textfit import columns, fit_table
+    from ..addons.report.textfit import columns, fit_table
 
     return "\n".join(fit_table(headers, rows, columns(), indent=""))
 
@@ -188,8 +188,8 @@ def audit_cmd(run_dir: Path, config_file: Path | None, as_json: bool) -> None:
         results_check,
     )
     from ..paths import RunPaths
-    from ..report.load import budget_config_from, read_manifests
-    from ..report.render import fmt_lost, verdict_line
+    from ..addons.report.load import budget_config_from, read_manifests
+    from ..addons.report.render import fmt_lost, verdict_line
 
     paths = RunPaths(run_dir)
     if not run_dir.is_dir():

@@ -10,7 +10,7 @@ import time
 import click
 
 from ..errors import UsageError
-from ..health import (
+from ..addons.health import (
     DEFAULT_FAULT_RATE,
     DEFAULT_REPEATS,
     DEFAULT_TIMEOUT,
@@ -116,7 +116,7 @@ def check_gpu(as_json: bool, timeout: float, python: str | None, indices: tuple[
 def _record(verdict: GpuVerdict) -> None:
     """A verdict that judged the GPU goes into the node ledger; 'cannot check' says nothing about it."""
     from ..config import load_config
-    from ..nodes import NodeLedger, node_ledger_path, record_gpu_check
+    from ..addons.nodes import NodeLedger, node_ledger_path, record_gpu_check
 
     if not verdict.checkable:
         click.echo("supervise: not recorded in the node ledger: the GPU could not be checked", err=True)

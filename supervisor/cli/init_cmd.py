@@ -44,7 +44,7 @@ def init(command: tuple[str, ...], template: str | None, list_only: bool, out: P
       supervise init -t multi_node --nodes 4 --gpus 8 --var ntasks_per_node=8 -- python train.py
     Then: sbatch job.sbatch
     """
-    from .. import sbatch_init
+    from ..addons import sbatch_init
 
     if list_only:
         for line in sbatch_init.listing():

@@ -1,4 +1,4 @@
-"""``supervise nodes``: the nodes the ledger holds evidence against (supervisor.nodes)."""
+"""``supervise nodes``: the nodes the ledger holds evidence against (supervisor.addons.nodes)."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def nodes(as_json: bool, ledger_file: Path | None, config_file: Path | None, exc
     """Nodes with evidence against them in the node health ledger (GPU checks that failed, hardware
     faults, slow nodes, loss anomalies, repeated GPU errors), the evidence, and which of them the
     run loop excludes on a requeue now (nodes.exclude_after hardware records in nodes.window)."""
-    from ..nodes import NodeLedger, exclusions, node_ledger_path, record_cleared, suspects
+    from ..addons.nodes import NodeLedger, exclusions, node_ledger_path, record_cleared, suspects
 
     cfg = load_config(config_file).nodes
     path = ledger_file or node_ledger_path(cfg)

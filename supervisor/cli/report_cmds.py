@@ -19,7 +19,7 @@ from ..redact import redact_text
 from .common import echo_json, handle_errors
 
 if TYPE_CHECKING:  # the report package is imported when a report command runs, not at CLI start
-    from ..report.status import StatusView
+    from ..addons.report.status import StatusView
 
 
 @click.command("report")
@@ -47,10 +47,10 @@ def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | No
     Exits 1 when the report lists problems (budget exceeded, drift, corrupt checkpoints, resume audit
     failed, run stopped), else 0; the accounting history never changes the exit code.
     """
-    from ..report import build_report, resolve_run_dir
-    from ..report.load import skipped_accounting
-    from ..report.render import render_markdown, render_text
-    from ..report.textfit import columns
+    from ..addons.report import build_report, resolve_run_dir
+    from ..addons.report.load import skipped_accounting
+    from ..addons.report.render import render_markdown, render_text
+    from ..addons.report.textfit import columns
 
     if as_json and as_markdown:
         raise UsageError("choose one of --json and --markdown")
@@ -63,13 +63,13 @@ def report(run_dir: Path, as_json: bool, as_markdown: bool, plot_file: Path | No
     if no_accounting:
         rep = skipped_accounting(rep, resolve_run_dir(run_dir))
     if html_file is not None:
-        from ..report.html import render_html
+        from ..addons.report.html import render_html
 
         _write_atomically(html_file, render_html(rep))
     plot_counts = None
     plot_error = None
     if plot_file is not None:
-        from ..report.plot import PlotUnavailable, plot_report
+        from ..addons.report.plot import PlotUnavailable, plot_report
 
         try:
             plot_counts = plot_report(rep, plot_file)
@@ -126,9 +126,9 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
     """One screen on a running or finished run: alive?, current attempt, step, loss, rate and ETA,
     last checkpoint, what a preemption now would cost, time left to the grace deadline during a stop
     notice, restarts, steps lost so far, last failure."""
-    from ..report import resolve_run_dir
-    from ..report.render import render_status
-    from ..report.textfit import columns
+    from ..addons.report import resolve_run_dir
+    from ..addons.report.render import render_status
+    from ..addons.report.textfit import columns
 
     paths = resolve_run_dir(run_dir)
     if not watch:
@@ -154,8 +154,8 @@ def status(run_dir: Path, as_json: bool, watch: bool, interval: float) -> None:
 
 
 def _status_view(run_dir: Path) -> StatusView:
-    from ..report import build_report, check_alive, resolve_run_dir, summarize_status
-    from ..report.load import safe_text, safe_value
+    from ..addons.report import build_report, check_alive, resolve_run_dir, summarize_status
+    from ..addons.report.load import safe_text, safe_value
 
     paths = resolve_run_dir(run_dir)
     rep = build_report(paths.run_dir, check_checkpoints=False)
@@ -179,8 +179,8 @@ def _watch(run_dir: Path, interval: float, as_json: bool) -> None:
     """Redraw until interrupted: in place on a terminal, one line per refresh to a file or pipe.
     A refresh that cannot read the run (moved, being rewritten) shows why and tries again at the
     next tick; only Ctrl-C ends the watch."""
-    from ..report.render import render_status, status_line
-    from ..report.textfit import columns
+    from ..addons.report.render import render_status, status_line
+    from ..addons.report.textfit import columns
 
     tty = sys.stdout.isatty()
     while True:

@@ -65,8 +65,8 @@ def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpo
     if extra:  # added to checkpoint.safe_globals from the config file, not instead of them
         merged = tuple(dict.fromkeys((*cfg.checkpoint.safe_globals, *extra)))
         cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, safe_globals=merged))
-    from ..metrics.sink import metrics_sink
-    from ..notify import sink_for
+    from ..addons.metrics.sink import metrics_sink
+    from ..addons.notify import sink_for
     from ..run import Runner
 
     # The composition root: the run loop imports no add-on and no sink; they are given to it here.
@@ -83,9 +83,9 @@ def standard_add_ons() -> list[AddOn]:
     """The add-ons of a full ``supervise run``, reached through the hooks of supervisor/run/hooks.py:
     the manifest (first: teardown lets its probes land before the others), the GPU preflight
     (recording its verdicts in the node ledger) and the node-health ledger with the slow-node finder."""
-    from ..run.gpu_preflight import GpuPreflight
-    from ..run.node_health import NodeHealth
-    from ..run.provenance import ManifestWriter
+    from ..addons.gpu_preflight import GpuPreflight
+    from ..addons.node_health import NodeHealth
+    from ..addons.provenance import ManifestWriter
 
     nodes = NodeHealth()
     return [ManifestWriter(), GpuPreflight(record=nodes.note), nodes]

@@ -47,7 +47,7 @@ def submit(script: Path, sbatch_args: tuple[str, ...], max_submissions: int, run
     Example:
       supervise submit train.sbatch --max-submissions 20 -- --partition=extra
     """
-    from ..resubmit import SubmitLoop, job_workdir, run_dir_from_script
+    from ..addons.resubmit import SubmitLoop, job_workdir, run_dir_from_script
     from ..slurm import get_backend
 
     try:

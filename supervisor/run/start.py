@@ -1,6 +1,6 @@
 """Before each attempt: clear dead writers' temp files, choose the resume point (quarantining torn
 checkpoints), check it against the saves the event log remembers, warn about a single-copy
-checkpoint set-up. (The optional GPU preflight is an add-on: ``supervisor/run/gpu_preflight.py``,
+checkpoint set-up. (The optional GPU preflight is an add-on: ``supervisor/addons/gpu_preflight.py``,
 reached through ``AddOn.before_attempt`` of ``supervisor/run/hooks.py``.)
 
 At attempt start the run lock is held and no child of this run is alive, so nothing of this run

@@ -433,7 +433,7 @@ def settle_read_timeout(now: float, call_deadline: float | None) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# After the job ended for good: resubmit? (`supervise submit`, supervisor/resubmit.py)
+# After the job ended for good: resubmit? (`supervise submit`, supervisor/addons/resubmit.py)
 
 
 @dataclass(frozen=True)

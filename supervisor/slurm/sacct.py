@@ -1,7 +1,7 @@
 """What ``sacct`` says about a job's runs, as typed records. Pure: text in, frozen records out.
 
 The report asks ``sacct --duplicates --allocations --parsable2`` for the job ids a run's event log
-and submissions record name (``supervisor/slurm/accounting.py`` runs it). ``--duplicates`` matters:
+and submissions record name (``supervisor/addons/accounting.py`` runs it). ``--duplicates`` matters:
 every requeue of a job leaves its own accounting record under the same job id, and without the flag
 ``sacct`` shows only the newest one. Each record is one run of the batch script (or one wait in the
 queue that never started).
