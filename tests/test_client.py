@@ -44,7 +44,7 @@ def spawn(tmp_path: Path, body: str, env: dict[str, str], *args: str, name: str 
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def collect(server: ControlServer, until: Callable[[list[Message]], bool], timeout: float = 8.0,
+def collect(server: ControlServer, until: Callable[[list[Message]], bool], timeout: float = 30.0,
             into: list[Message] | None = None) -> list[Message]:
     """Poll the server until ``until(messages)`` holds; fail the test on timeout."""
     messages = [] if into is None else into
@@ -61,7 +61,7 @@ def kinds(messages: list[Message], kind: Kind) -> list[Message]:
     return [m for m in messages if m.kind is kind]
 
 
-def read_line(proc: subprocess.Popen, timeout: float = 8.0) -> str:
+def read_line(proc: subprocess.Popen, timeout: float = 30.0) -> str:
     """Next stdout line of a child (the child flushes each line), failing the test on timeout."""
     assert proc.stdout is not None
     line: list[str] = []
@@ -74,7 +74,7 @@ def read_line(proc: subprocess.Popen, timeout: float = 8.0) -> str:
     return line[0].strip()
 
 
-def finish(proc: subprocess.Popen, timeout: float = 10.0) -> tuple[int, str, str]:
+def finish(proc: subprocess.Popen, timeout: float = 30.0) -> tuple[int, str, str]:
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -393,7 +393,7 @@ def test_the_stack_dump_signal_prints_every_thread_and_is_harmless_without_insta
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
     time.sleep(0.1)
     bystander.send_signal(client_stack_signal())
-    assert bystander.wait(timeout=5) == 0  # SIGURG's default action is to ignore it
+    assert bystander.wait(timeout=30) == 0  # SIGURG's default action is to ignore it
 
 
 def client_stack_signal() -> int:
