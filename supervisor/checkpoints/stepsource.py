@@ -179,6 +179,7 @@ class SaveSeen:
 
     at: float
     epoch: int | None = None  # the epoch its name counts (``epoch_2/``, ``epoch=2.ckpt``), None: none
+    reported: int | None = None  # the step the output had reported then: the lower bound of its step
 
 
 @dataclass(frozen=True)
@@ -255,13 +256,19 @@ class SaveStepTimeline:
             self._check(self.lines[0])
         self.lines.append(StepLine(at, step, epoch))
 
-    def saw(self, path: str, at: float, epoch: int | None) -> None:
+    def saw(self, path: str, at: float, epoch: int | None, reported: int | None = None) -> None:
+        """The watch saw the save at ``path`` being written (first sighting counts)."""
         if path in self.saves:
             return
         if len(self.saves) >= self.MAX_SAVES:
             self.broken = self.broken or f"more than {self.MAX_SAVES} saves in one attempt: not paired with lines"
             return
-        self.saves[path] = SaveSeen(at, epoch)
+        self.saves[path] = SaveSeen(at, epoch, reported)
+
+    def reported_when_seen(self, path: str) -> int | None:
+        """The step the output had reported when the save at ``path`` was first seen (None: none)."""
+        save = self.saves.get(path)
+        return save.reported if save is not None else None
 
     def after(self, path: str, log_at_start: int | None, *, ended: bool) -> AfterSave:
         """:func:`log_step_after_save` for the save at ``path`` (one this timeline saw)."""

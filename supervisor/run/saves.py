@@ -176,7 +176,7 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
     step_from = _step_rule_text(ctx)
     for done in activity.completed:
         path = str(done.path)
-        state.save_steps.saw(path, done.first_seen, parse_name(Path(path).name).epoch)
+        state.save_steps.saw(path, done.first_seen, parse_name(Path(path).name).epoch, state.last_step)
         # The output's step when the save began (the training waits for a save; by the time the
         # watch sees it complete it may have moved on): the last source of a step.
         began = state.in_flight
@@ -184,12 +184,18 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
             else state.last_step
         found = step_of_saved(path, log_step, step_from)
         later = _reported_after(found, path, step_from)
+        if later:
+            # Its step may be reported after it: the step "when it began" is the one reported when it
+            # was first seen, never one read since (that may be its report, or later training).
+            log_step = state.save_steps.reported_when_seen(path)
+            found = step_of_saved(path, log_step, step_from)
         record = record_save(ctx, state, found.step, path, done.bytes, done.duration, True, "watch", now,
                              step_source=found.source, emit=not later)
         if later:
             state.awaiting_step.append(AwaitingStep(record, log_step, now))
     if activity.in_flight and activity.path is not None:
-        state.save_steps.saw(str(activity.path), activity.since or now, parse_name(Path(activity.path).name).epoch)
+        state.save_steps.saw(str(activity.path), activity.since or now, parse_name(Path(activity.path).name).epoch,
+                             state.last_step)
     settle_saves(ctx, state, now)
     if activity.in_flight and state.in_flight is None and not state.aborted_save:
         state.in_flight = InFlightSave(path=str(activity.path), step=state.last_step,
