@@ -140,6 +140,23 @@ class StepMatch:
     # bare bar: its count; an epoch bar with a known total ("Epoch E: ... B/N ["): E*N+B; a counter on
     # a line that names an epoch: its "step N". Counted only once BarEvidence has proved the line.
     candidate: int | None = None
+    # The one whole epoch a global-step line names (``epoch 2: {..., 'epoch': 2, 'step': 30}`` -> 2;
+    # None: it names none, a fractional one, or two different ones). Lets a save named by its epoch
+    # be paired with the line that reports its step (supervisor/checkpoints/stepsource.py).
+    epoch: int | None = None
+
+
+# "epoch 2", "Epoch 2/10", "'epoch': 2", "epoch=2", "Epoch [2/10]"; not "epoch 1.5" (HF's fractional epochs).
+_EPOCH_NUMBER = re.compile(r"\bepochs?\b['\"]?\s*[:=]?\s*\[?\s*(\d{1,9})(?![\d.]*\d)", _FLAGS)
+_EPOCH_FRACTION = re.compile(r"\bepochs?\b['\"]?\s*[:=]?\s*\[?\s*\d+\.\d", _FLAGS)
+
+
+def epoch_named(text: str) -> int | None:
+    """The one whole epoch ``text`` names, else None (none, a fractional one, or several)."""
+    if _EPOCH_FRACTION.search(text):
+        return None
+    named = {int(m.group(1)) for m in _EPOCH_NUMBER.finditer(text)}
+    return named.pop() if len(named) == 1 else None
 
 
 class StepExtractor:
@@ -184,7 +201,7 @@ class StepExtractor:
                 epoch_line = bool(_EPOCH.search(text))
             shape = line_shape(name, text, found, digits)
             if scope == "global":
-                return StepMatch(value, False, name, shape)
+                return StepMatch(value, False, name, shape, epoch=epoch_named(text) if epoch_line else None)
             side = not self.user and side_loop_counter(text, found)
             if scope == "counter":
                 candidate = None if side or not epoch_line else epoch_line_step(text)

@@ -223,3 +223,60 @@ def test_the_watch_sees_an_epoch_save_land(tmp_path: Path) -> None:
     watcher.poll(1.0)
     done = watcher.poll(2.0).completed
     assert [Path(c.path).name for c in done] == ["epoch_0"]
+
+
+def test_an_epoch_save_is_recorded_at_the_step_the_output_reports_after_it(tmp_path: Path) -> None:
+    """Accelerate's test_checkpointing.py prints its step only after save_state(epoch_<e>): the
+    save_end of epoch_2 waits for that line and records its step (30), not the previous epoch's
+    (20, the lower bound when the save began), and a crash 5 steps later has lost 5 steps."""
+    from types import SimpleNamespace
+
+    from supervisor.checkpoints.watch import DirWatcher
+    from supervisor.events import Ev
+    from supervisor.run.attempt import AttemptState
+    from supervisor.run.saves import final_rescan, note_step_line, watch_saves
+
+    emitted: list[tuple[Ev, dict]] = []
+    ctx = SimpleNamespace(emit=lambda ev, **f: emitted.append((ev, f)), cfg=SimpleNamespace(checkpoint=None),
+                          layout=SimpleNamespace(ckpt_dir=tmp_path))
+    state, watcher = AttemptState(1, 0.0), DirWatcher(str(tmp_path))
+    state.observe_step(20, 0.5, "regex")  # the last line before the save: epoch 1's, step 20
+    watch_saves(ctx, watcher, state, 0.0)
+    accelerate_dir(tmp_path, 2, "epoch_{}")
+    watch_saves(ctx, watcher, state, 1.0)  # in flight
+    watch_saves(ctx, watcher, state, 2.0)  # landed: its save_end waits for the output
+    assert [f["step"] for ev, f in emitted if ev is Ev.SAVE_END] == []
+    assert state.last_durable_step == 20  # meanwhile the lower bound
+    note_step_line(state, 30, 2, 2.5)  # epoch 2: {'accuracy': 0.5, 'f1': 0.66, 'epoch': 2, 'step': 30}
+    state.observe_step(30, 2.5, "regex")
+    watch_saves(ctx, watcher, state, 3.0)
+    ends = [f for ev, f in emitted if ev is Ev.SAVE_END]
+    assert [(f["step"], f["step_source"]) for f in ends] == [(30, "log after the save")]
+    assert "epoch 2" in ends[0]["step_reason"]
+    state.observe_step(35, 4.0, "regex")  # then the crash
+    final_rescan(ctx, watcher, state, 5.0)
+    assert (state.last_durable_step, state.steps_lost()) == (30, 5)
+    assert len([f for ev, f in emitted if ev is Ev.SAVE_END]) == 1
+
+
+def test_an_epoch_save_with_no_line_after_it_keeps_the_lower_bound_and_says_so(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from supervisor.checkpoints.watch import DirWatcher
+    from supervisor.events import Ev
+    from supervisor.run.attempt import AttemptState
+    from supervisor.run.saves import final_rescan, watch_saves
+
+    emitted: list[tuple[Ev, dict]] = []
+    ctx = SimpleNamespace(emit=lambda ev, **f: emitted.append((ev, f)), cfg=SimpleNamespace(checkpoint=None),
+                          layout=SimpleNamespace(ckpt_dir=tmp_path))
+    state, watcher = AttemptState(1, 0.0), DirWatcher(str(tmp_path))
+    state.observe_step(20, 0.5, "regex")
+    watch_saves(ctx, watcher, state, 0.0)
+    accelerate_dir(tmp_path, 2, "epoch_{}")
+    watch_saves(ctx, watcher, state, 1.0)
+    watch_saves(ctx, watcher, state, 2.0)
+    final_rescan(ctx, watcher, state, 3.0)  # the child died before printing its line
+    ends = [f for ev, f in emitted if ev is Ev.SAVE_END]
+    assert [(f["step"], f["step_source"]) for f in ends] == [(20, "log")]
+    assert "lower bound" in ends[0]["step_reason"] and "no step line" in ends[0]["step_reason"]

@@ -10,8 +10,14 @@ first (docs/checkpoint-validation.md, "Where the step comes from"):
 2. the step in the name, unless the name's number is a save *index* (Accelerate's automatic
    ``checkpoint_<i>`` directories count saves 0, 1, 2...: an index orders saves, it is never a step);
 3. the step inside, read by the inert scan (never by unpickling);
-4. the step the log reported when the save landed (zero-code mode: the watch saw the save, the
-   output knew the step).
+4. the step the log reported for the save *after* it landed (zero-code mode): a script that prints
+   nothing while it trains reports a save's step on a line printed right after the save
+   (``epoch 2: {..., 'epoch': 2, 'step': 30}`` after ``epoch_2/``). Believed only when the line names
+   the epoch the save's name counts and the output has never named an epoch before a save of that
+   epoch began (:func:`log_step_after_save`): an output that counts epochs from 1 while the names
+   count from 0 (or the other way round), or that names the epoch on its progress lines, is told
+   apart by that, and then this source says nothing;
+5. the step the log reported when the save began (the step it had printed last: a lower bound).
 
 The winner is recorded with its source; sources that disagree with it are named in the reason.
 """
@@ -19,8 +25,9 @@ The winner is recorded with its source; sources that disagree with it are named 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
 from .limits import MAX_STEP
 
@@ -90,7 +97,8 @@ class StepEvidence:
     inside_step: int | None = None  # read by the inert scan
     inside_key: str | None = None  # the key it was under ("iter_num"), when a key of the pickle
     inside_where: str | None = None  # where else inside: "trainer_state.json", "DCP metadata"...
-    log_step: int | None = None  # the step the log reported when the save landed
+    log_step: int | None = None  # the step the log had reported when the save began (a lower bound)
+    log_after_step: int | None = None  # the step the log reported for the save after it landed
 
 
 @dataclass(frozen=True)
@@ -128,6 +136,8 @@ def choose_step(evidence: StepEvidence, rule: StepRule | None = None) -> StepCho
         candidates.append((name_step, "name"))
     if evidence.inside_step is not None:
         candidates.append((evidence.inside_step, inside_source))
+    if evidence.log_after_step is not None:
+        candidates.append((evidence.log_after_step, LOG_AFTER_SAVE))
     if evidence.log_step is not None:
         candidates.append((evidence.log_step, "log"))
     if not candidates:
@@ -146,4 +156,128 @@ def _by_rule(evidence: StepEvidence, rule: StepRule) -> int | None:
         return rule.step_from_name(evidence.name)
     if rule.kind == "key":
         return evidence.inside_step if evidence.inside_key == rule.arg.rsplit(".", 1)[-1] else None
-    return evidence.log_step  # "log"
+    return evidence.log_after_step if evidence.log_after_step is not None else evidence.log_step  # "log"
+
+
+LOG_AFTER_SAVE = "log after the save"  # the source name of precedence 4
+
+
+@dataclass(frozen=True)
+class StepLine:
+    """An output line that reported the global step. ``at``: when the supervisor read it (lines
+    and saves seen at the same moment count as the save first: the watch polls after the output
+    is read, so a save and the line printed right after it can be seen together)."""
+
+    at: float
+    step: int
+    epoch: int | None = None  # the one whole epoch the line names (supervisor/progress.py ``epoch_named``)
+
+
+@dataclass(frozen=True)
+class SaveSeen:
+    """A save of this attempt, from the moment the watch first saw it being written."""
+
+    at: float
+    epoch: int | None = None  # the epoch its name counts (``epoch_2/``, ``epoch=2.ckpt``), None: none
+    reported: int | None = None  # the step the output had reported then: the lower bound of its step
+
+
+@dataclass(frozen=True)
+class AfterSave:
+    """What the output said about one save's step after the save. ``settled`` False: nothing yet,
+    ask again when more output came (or the attempt ended). ``step`` None: nothing usable (the
+    step stays the lower bound read when the save began); ``reason`` says why either way."""
+
+    step: int | None
+    settled: bool
+    reason: str
+
+
+def numbering_broken(line: StepLine, saves: Sequence[SaveSeen]) -> str | None:
+    """Why ``line`` shows that the output's epochs are not the names' epochs, or are not named
+    after the save (None: it does not). A line that names epoch E before any save of epoch E
+    began is a progress line within E, or counts epochs differently from the names (from 1 while
+    they count from 0: its E is the names' E-1; the other way round its first epoch has no save).
+    Either way a line naming E after a save of E cannot be taken for that save's report."""
+    if line.epoch is None or any(s.epoch == line.epoch and s.at <= line.at for s in saves):
+        return None
+    return (f"the output named epoch {line.epoch} (step {line.step}) before a save of epoch {line.epoch} "
+            "began: its epochs are not counted after the saves as their names count them")
+
+
+def log_step_after_save(save: SaveSeen, log_at_start: int | None, lines: Sequence[StepLine],
+                        saves: Sequence[SaveSeen], *, ended: bool, broken: str | None = None) -> AfterSave:
+    """The step the output reported for ``save`` after it: the first step line read after the save
+    began, before the next save began, when that line names the save's epoch, is not below the
+    step the output had reported when the save began (``log_at_start``), and the output's epochs
+    are the names' (``broken`` None: no earlier line broke the pairing, see :func:`numbering_broken`;
+    the lines given are checked too). ``lines``: this attempt's step lines in reading order;
+    ``saves``: its saves; ``ended``: the attempt is over, no more output will come."""
+    if save.epoch is None:
+        return AfterSave(None, True, "its name counts no epoch: a line after it cannot be told from further training")
+    next_begin = min((s.at for s in saves if s.at > save.at), default=None)
+    after = [ln for ln in lines if ln.at >= save.at and (next_begin is None or ln.at < next_begin)]
+    if not after:
+        if ended or next_begin is not None:
+            return AfterSave(None, True, "no step line between the save and the next one")
+        return AfterSave(None, False, "no step line since the save yet")
+    first = after[0]
+    if broken is None:
+        broken = next((why for ln in lines if ln.at <= first.at and (why := numbering_broken(ln, saves))), None)
+    if broken is not None:
+        return AfterSave(None, True, broken)
+    if first.epoch != save.epoch:
+        named = "no whole epoch" if first.epoch is None else f"epoch {first.epoch}"
+        return AfterSave(None, True, f"the first step line after the save (step {first.step}) names {named}, "
+                                     f"the save's name epoch {save.epoch}: not its report")
+    if log_at_start is not None and first.step < log_at_start:
+        return AfterSave(None, True, f"the line after the save says step {first.step}, below the {log_at_start} "
+                                     "the output had reported when it began")
+    return AfterSave(first.step, True, f"the first step line after the save names its epoch {save.epoch}: "
+                                       f"step {first.step}")
+
+
+
+@dataclass
+class SaveStepTimeline:
+    """One attempt's step lines and saves, as :func:`log_step_after_save` needs them. Bookkeeping
+    only, bounded: a line that leaves the window is checked against the saves on its way out (by
+    then a save seen at the same moment is known), so a break of the pairing is never forgotten."""
+
+    MAX_LINES = 256
+    MAX_SAVES = 4096
+
+    lines: deque[StepLine] = field(default_factory=lambda: deque(maxlen=SaveStepTimeline.MAX_LINES))
+    saves: dict[str, SaveSeen] = field(default_factory=dict)  # path -> when its writing was first seen
+    broken: str | None = None  # why the output's lines cannot be paired with saves (sticky)
+
+    def line(self, at: float, step: int, epoch: int | None) -> None:
+        if len(self.lines) == self.lines.maxlen:
+            self._check(self.lines[0])
+        self.lines.append(StepLine(at, step, epoch))
+
+    def saw(self, path: str, at: float, epoch: int | None, reported: int | None = None) -> None:
+        """The watch saw the save at ``path`` being written (first sighting counts)."""
+        if path in self.saves:
+            return
+        if len(self.saves) >= self.MAX_SAVES:
+            self.broken = self.broken or f"more than {self.MAX_SAVES} saves in one attempt: not paired with lines"
+            return
+        self.saves[path] = SaveSeen(at, epoch, reported)
+
+    def reported_when_seen(self, path: str) -> int | None:
+        """The step the output had reported when the save at ``path`` was first seen (None: none)."""
+        save = self.saves.get(path)
+        return save.reported if save is not None else None
+
+    def after(self, path: str, log_at_start: int | None, *, ended: bool) -> AfterSave:
+        """:func:`log_step_after_save` for the save at ``path`` (one this timeline saw)."""
+        save = self.saves.get(path)
+        if save is None:
+            return AfterSave(None, True, "the save was not seen being written")
+        return log_step_after_save(save, log_at_start, list(self.lines), list(self.saves.values()),
+                                   ended=ended, broken=self.broken)
+
+    def _check(self, line: StepLine) -> None:
+        if self.broken is None:
+            self.broken = numbering_broken(line, list(self.saves.values()))

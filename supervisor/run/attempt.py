@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..checkpoints.stepsource import SaveStepTimeline
 from ..preemption import InFlightSave, Notice, SaveHistory
 from ..slurm.stop_cause import StopVerdict
 from .stop import StopState
@@ -23,6 +24,17 @@ class SaveRecord:
     ok: bool
     source: str
     at: float  # when the save ended
+
+
+@dataclass
+class AwaitingStep:
+    """A watched save that landed with no step in its name or contents, whose ``save_end`` waits
+    for the output to report its step (supervisor/run/saves.py ``settle_saves``). Its
+    ``SaveRecord`` is already in ``AttemptState.saves``, with the lower bound (``log_at_start``)."""
+
+    record: SaveRecord
+    log_at_start: int | None  # the step the output had reported when the save began
+    landed_at: float
 
 
 @dataclass
@@ -74,6 +86,8 @@ class AttemptState:
     resume_checked: bool = False
     saves: list[SaveRecord] = field(default_factory=list)
     in_flight: InFlightSave | None = None
+    save_steps: SaveStepTimeline = field(default_factory=SaveStepTimeline)  # step lines and saves, in order
+    awaiting_step: list[AwaitingStep] = field(default_factory=list)  # landed saves whose save_end waits
     stop: StopState = field(default_factory=StopState)  # the stop machine: phase, the one cause, the deadline
     slurm: NoticeFacts = field(default_factory=NoticeFacts)
     peers: Peers = field(default_factory=Peers)

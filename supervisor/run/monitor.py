@@ -30,7 +30,7 @@ from .resumable import inside as _inside
 from .attempt import AttemptState
 from .context import RunContext
 from .hooks import AddOn, AddOns, Heartbeat
-from .saves import WATCH_INTERVAL, final_rescan, record_save, watch_saves
+from .saves import WATCH_INTERVAL, final_rescan, note_step_line, record_save, watch_saves
 from .stop import Cause, CauseKind, ForceKill, SaveLanded, StopAsked, StopPhase, Tick, kill_due
 from .writers import WRITER, open_save
 
@@ -174,6 +174,7 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
             if w.progress.observe_counter(match.value, now):  # activity, not the global step
                 ctx.stall.progress(now)
             continue
+        note_step_line(state, match.value, match.epoch, now)  # a save named by its epoch may be reported after
         steps = (match.value,) if w.extractor.user else w.confirm.feed(match.shape, match.value)
         if not steps:
             w.progress.touch(now)  # a line not yet proven a progress line: activity only

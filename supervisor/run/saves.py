@@ -6,6 +6,13 @@ included), and it is complete once the file stops changing. A save the watch saw
 the final rescan after the child ended, still counts: the ledger's durable step must agree with
 the resume point the next attempt will choose. A completed save of a file with no step in its
 name (``last.ckpt``) carries the step read from inside it by the inert scan, never by unpickling.
+
+A save named by its epoch alone (``epoch_2/``) has no step in its name, often none inside either,
+and a script that prints nothing while it trains reports its step on a line printed *after* the
+save lands. Such a save's ``save_end`` waits (``settle_saves``) until the output has said something
+after it, the next save began, or the attempt ended; its step is then the reported one when the
+pairing holds (supervisor/checkpoints/stepsource.py ``log_step_after_save``), else the step the
+output had reported when the save began (a lower bound), and the event says which and why.
 """
 
 from __future__ import annotations
@@ -18,18 +25,28 @@ from typing import Any
 
 from ..checkpoints import DirWatcher
 from ..checkpoints.naming import has_checkpoint_suffix, parse_name, step_from_name
-from ..checkpoints.stepsource import StepChoice, StepEvidence, choose_step, is_accelerate_state_dir, parse_step_rule
+from ..checkpoints.stepsource import (
+    LOG_AFTER_SAVE,
+    StepChoice,
+    StepEvidence,
+    choose_step,
+    is_accelerate_state_dir,
+    parse_step_rule,
+)
 from ..checkpoints.validate import fingerprint, validate
 from ..events import Ev
 from ..preemption import InFlightSave
 from ..states import Verdict
-from .attempt import AttemptState, SaveRecord
+from .attempt import AttemptState, AwaitingStep, SaveRecord
 from .context import RunContext
 
 log = logging.getLogger("supervisor.run")
 
 WATCH_INTERVAL = 0.25  # seconds between checkpoint-directory polls
 STALE_TEMP_S = 30.0
+# How long a landed save's save_end waits for the output to report its step (an evaluation may run
+# between the save and the line). Past it, the lower bound is recorded: late, never wrong.
+AFTER_SAVE_WAIT_S = 120.0
 _OUR_TEMP = re.compile(r"^\..+\.tmp-(?P<pid>[0-9]+)-[0-9a-f]{8}$")
 
 
@@ -47,10 +64,12 @@ def embedded_step(path: str, user_key: str | None = None) -> tuple[int | None, s
     return step, getattr(info, "key", None)
 
 
-def step_of_saved(path: str, log_step: int | None = None, step_from: str | None = None) -> StepChoice:
+def step_of_saved(path: str, log_step: int | None = None, step_from: str | None = None,
+                  log_after_step: int | None = None) -> StepChoice:
     """The step of a completed save and where it came from, by the precedence of
     supervisor/checkpoints/stepsource.py: the user's rule, the name (unless it is a save index),
-    inside the file, the step the log reported when the save landed (``log_step``)."""
+    inside the file, the step the log reported for it after it landed (``log_after_step``), the
+    step the log had reported when it began (``log_step``)."""
     name = Path(path).name
     info = parse_name(name)
     rule = parse_step_rule(step_from)
@@ -60,7 +79,7 @@ def step_of_saved(path: str, log_step: int | None = None, step_from: str | None 
         path, rule.arg if rule is not None and rule.kind == "key" else None)
     return choose_step(StepEvidence(name=name, name_step=info.index if is_index else name_step,
                                     name_is_index=is_index, inside_step=inside, inside_key=key,
-                                    log_step=log_step), rule)
+                                    log_step=log_step, log_after_step=log_after_step), rule)
 
 
 def _accelerate_dir(path: str) -> bool:
@@ -71,17 +90,60 @@ def _accelerate_dir(path: str) -> bool:
 
 
 def record_save(ctx: RunContext, state: AttemptState, step: Any, path: str, nbytes: Any, duration: Any,
-                ok: bool, source: str, now: float, step_source: str | None = None) -> None:
+                ok: bool, source: str, now: float, step_source: str | None = None, *, emit: bool = True) -> SaveRecord:
+    """Add the save to the attempt; ``emit`` False: its ``save_end`` waits (``settle_saves``)."""
     step_i = step if isinstance(step, int) and not isinstance(step, bool) else None
-    state.saves.append(SaveRecord(step_i, path, nbytes if isinstance(nbytes, int) else None,
-                                  float(duration) if isinstance(duration, (int, float)) else None, ok, source, now))
+    record = SaveRecord(step_i, path, nbytes if isinstance(nbytes, int) else None,
+                        float(duration) if isinstance(duration, (int, float)) else None, ok, source, now)
+    state.saves.append(record)
     state.in_flight = None
     if step_source is None and step_i is not None:
         step_source = source  # the client said it
-    mark = fingerprint(path) if ok else None  # size and mtime now: the file is this run's own (provenance)
-    ctx.emit(Ev.SAVE_END, attempt=state.attempt, step=step_i, path=path, bytes=nbytes, duration=duration, ok=ok,
-             source=source, step_source=step_source, size=mark[0] if mark else None,
-             mtime=mark[1] if mark else None)
+    if emit:
+        _emit_save_end(ctx, state, record, step_source)
+    return record
+
+
+def _emit_save_end(ctx: RunContext, state: AttemptState, record: SaveRecord, step_source: str | None,
+                   **extra: Any) -> None:
+    mark = fingerprint(record.path) if record.ok else None  # size and mtime now: this run's own file (provenance)
+    ctx.emit(Ev.SAVE_END, attempt=state.attempt, step=record.step, path=record.path, bytes=record.bytes,
+             duration=record.duration, ok=record.ok, source=record.source, step_source=step_source,
+             size=mark[0] if mark else None, mtime=mark[1] if mark else None, **extra)
+
+
+def note_step_line(state: AttemptState, step: int, epoch: int | None, now: float) -> None:
+    """An output line reported the global step (``epoch``: the whole epoch it names): kept for
+    the saves whose step the output reports after them."""
+    state.save_steps.line(now, step, epoch)
+
+
+def settle_saves(ctx: RunContext, state: AttemptState, now: float, *, ended: bool = False) -> None:
+    """Emit the ``save_end`` of each waiting save once the output has settled its step (or the
+    attempt ended, or it waited ``AFTER_SAVE_WAIT_S``): the step the output reported after the
+    save when it can be paired with it, else the lower bound it had when the save began."""
+    waiting: list[AwaitingStep] = []
+    step_from = _step_rule_text(ctx)
+    for item in state.awaiting_step:
+        path = item.record.path
+        after = state.save_steps.after(path, item.log_at_start, ended=ended)
+        if not after.settled and now - item.landed_at < AFTER_SAVE_WAIT_S:
+            waiting.append(item)
+            continue
+        reason = after.reason if after.settled else f"no step line within {AFTER_SAVE_WAIT_S:.0f} s of the save"
+        choice = step_of_saved(path, item.log_at_start, step_from, after.step)
+        item.record.step = choice.step
+        note = reason if choice.source == LOG_AFTER_SAVE else (
+            f"{choice.reason}; not from the output after the save: {reason}"
+            + (" (a lower bound: the step it had printed when the save began)" if choice.source == "log" else ""))
+        _emit_save_end(ctx, state, item.record, choice.source, step_reason=note)
+    state.awaiting_step = waiting
+
+
+def _reported_after(choice: StepChoice, path: str, step_from: str | None) -> bool:
+    """Whether a landed save's step may come from the output after it: nothing stronger said it
+    (no rule, no step in its name or contents) and its name counts an epoch."""
+    return step_from is None and choice.source in (None, "log") and parse_name(Path(path).name).epoch is not None
 
 
 def own_saves(events: list[Any]) -> dict[str, tuple[int, float]]:
@@ -113,14 +175,28 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
         return
     step_from = _step_rule_text(ctx)
     for done in activity.completed:
+        path = str(done.path)
+        state.save_steps.saw(path, done.first_seen, parse_name(Path(path).name).epoch, state.last_step)
         # The output's step when the save began (the training waits for a save; by the time the
         # watch sees it complete it may have moved on): the last source of a step.
         began = state.in_flight
-        log_step = began.step if began is not None and began.path == str(done.path) and began.step is not None \
+        log_step = began.step if began is not None and began.path == path and began.step is not None \
             else state.last_step
-        found = step_of_saved(str(done.path), log_step, step_from)
-        record_save(ctx, state, found.step, str(done.path), done.bytes, done.duration, True, "watch", now,
-                    step_source=found.source)
+        found = step_of_saved(path, log_step, step_from)
+        later = _reported_after(found, path, step_from)
+        if later:
+            # Its step may be reported after it: the step "when it began" is the one reported when it
+            # was first seen, never one read since (that may be its report, or later training).
+            log_step = state.save_steps.reported_when_seen(path)
+            found = step_of_saved(path, log_step, step_from)
+        record = record_save(ctx, state, found.step, path, done.bytes, done.duration, True, "watch", now,
+                             step_source=found.source, emit=not later)
+        if later:
+            state.awaiting_step.append(AwaitingStep(record, log_step, now))
+    if activity.in_flight and activity.path is not None:
+        state.save_steps.saw(str(activity.path), activity.since or now, parse_name(Path(activity.path).name).epoch,
+                             state.last_step)
+    settle_saves(ctx, state, now)
     if activity.in_flight and state.in_flight is None and not state.aborted_save:
         state.in_flight = InFlightSave(path=str(activity.path), step=state.last_step,
                                        started_at=activity.since or now, bytes_so_far=activity.bytes,
@@ -142,8 +218,10 @@ def final_rescan(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now:
     (read by the inert scan, which also proves it structurally whole) is newer. A torn file has
     no readable step and is left to the next attempt's resume-point scan, which quarantines it."""
     if client_owns_saves(state):
+        settle_saves(ctx, state, now, ended=True)
         return
     watch_saves(ctx, watcher, state, now)
+    settle_saves(ctx, state, now, ended=True)  # no more output will come
     durable = state.last_durable_step
     try:
         entries = list(os.scandir(ctx.layout.ckpt_dir))
