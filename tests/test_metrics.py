@@ -268,7 +268,7 @@ def test_the_run_hands_the_sink_its_history_from_the_one_read_of_the_log(tmp_pat
     is read once, by the run loop at its start (RunContext.begin): the sink is seeded from that read."""
     from fakes import ChildScript, FakeChannel, FakeClock, FakeSlurm, FakeStarter, FakeWaker
 
-    from supervisor.run import Runner
+    from supervisor.run.loop import Runner
 
     events = crashed_preempted_completed()
     run_dir = tmp_path / "run"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from supervisor.config import load_config
-from supervisor.run import Runner
+from supervisor.run.loop import Runner
 from supervisor.addons.gpu_preflight import GpuPreflight
 from supervisor.run.hooks import AddOn
 from supervisor.addons.node_health import NodeHealth

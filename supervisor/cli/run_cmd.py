@@ -67,7 +67,7 @@ def run(config_file: Path | None, run_dir: str | None, name: str | None, checkpo
         cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, safe_globals=merged))
     from ..addons.metrics.sink import metrics_sink
     from ..addons.notify import sink_for
-    from ..run import Runner
+    from ..run.loop import Runner
 
     # The composition root: the run loop imports no add-on and no sink; they are given to it here.
     runner = Runner(cfg, list(command), echo=not quiet, sinks=[sink_for(cfg.notify)], add_ons=standard_add_ons())

@@ -17,15 +17,10 @@ module            its one job
 ``hooks``         where the loop reaches its add-ons (``AddOn``): no-op unless wired
 ================  ============================================================================
 
-Add-ons living here, never imported by the loop (``supervisor/cli/run_cmd.py`` wires them):
-``node_health`` (node ledger, slow-node finder), ``gpu_preflight`` (GPU check), ``provenance``
-(manifests).
+The add-ons that implement the hooks live in ``supervisor/addons/`` (``node_health``,
+``gpu_preflight``, ``provenance``); ``supervisor/cli/run_cmd.py`` wires them.
+
+The package imports none of its modules: ``from supervisor.run.loop import Runner``. (A package that
+re-exports its loop would be imported by the loop's own parts, ``from . import notice``, and make an
+import cycle between the package and its modules.)
 """
-
-from __future__ import annotations
-
-from .layout import default_run_name
-from .loop import RunResult, Runner
-from .seams import SupervisorClock
-
-__all__ = ["RunResult", "Runner", "SupervisorClock", "default_run_name"]
