@@ -428,6 +428,7 @@ def _mutate(data: bytes, ops: list[tuple[str, int, int]]) -> bytes:
 @example(ops=[("case", 162, 0)], legacy=True)  # collections.OrderedDict -> Collections.OrderedDict: whole, untrusted
 @example(ops=[("flip", 12704, 0)], legacy=True)  # K -> J: the strides tuple swallowed into one int
 @example(ops=[("byte", 383, 0x88)], legacy=True)  # an int64 tensor that requires gradients
+@example(ops=[("flip", 1280, 5)], legacy=False)  # data.pkl's central directory flags: bit 5, patched data
 def test_fuzzed_torch_files_valid_means_torch_reads_the_same_pickle(ops: list, legacy: bool) -> None:
     data = _mutate(real_legacy() if legacy else real_zip(), ops)
     with tempfile.TemporaryDirectory() as tmp:
@@ -470,6 +471,24 @@ def test_a_legacy_tensor_rebuild_torch_cannot_make_is_corrupt(tmp_path: Path, op
     assert not loads, "the mutation no longer breaks the file for torch"
     report = validate(bad)
     assert report.verdict is Verdict.CORRUPT and words in report.reason, report.reason
+    _never_resumed_from(ckpt, bad, quarantined=True)
+
+
+def test_a_zip_entry_flagged_as_patched_data_is_corrupt(tmp_path: Path) -> None:
+    """The fuzzer's find: bit 5 of data.pkl's general purpose flags in the central directory
+    ("compressed patched data"): torch's reader refuses the entry, the validator said whole."""
+    data = real_zip()
+    cd = data.index(b"PK\x01\x02")
+    assert data[cd + 46:cd + 46 + len("archive/data.pkl")] == b"archive/data.pkl"
+    bad_bytes = _mutate(data, [("flip", 1280, 5)])
+    assert bad_bytes == data[:cd + 8] + bytes([data[cd + 8] | 0x20]) + data[cd + 9:]  # the @example above
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    bad = Path(_write(str(ckpt), "step=9.ckpt", bad_bytes))
+    loads, why = torch_reads(str(bad))
+    assert not loads and "unsupported feature" in why, why
+    report = validate(bad)
+    assert report.verdict is Verdict.CORRUPT and "patched data" in report.reason, report.reason
     _never_resumed_from(ckpt, bad, quarantined=True)
 
 

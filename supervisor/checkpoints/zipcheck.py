@@ -232,7 +232,9 @@ def read_index(fd: int, base: int, length: int, trailer: Trailer) -> ZipIndex:
     return ZipIndex(tuple(entries), prefix, crc_present, trailer.cd_offset)
 
 
-_UNSUPPORTED_FLAGS = 0x0001 | 0x0040 | 0x2000  # encrypted, strong encryption, masked directory
+# General purpose flags torch's zip reader refuses an entry for: encrypted, compressed patched data
+# (bit 5: "unsupported feature"), strong encryption, masked directory. torch.save sets none of them.
+_UNSUPPORTED_FLAGS = 0x0001 | 0x0020 | 0x0040 | 0x2000
 
 
 def _parse_central_directory(cd: bytes, expected: int) -> list[tuple]:
@@ -253,7 +255,8 @@ def _parse_central_directory(cd: bytes, expected: int) -> list[tuple]:
             usize, csize, offset = _zip64_extra(extra, usize, csize, offset)
         name = name_raw.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
         if flags & _UNSUPPORTED_FLAGS:
-            raise ZipCheckError(2, f"entry {name!r} is encrypted (flags 0x{flags:04x}): torch cannot read it")
+            raise ZipCheckError(2, f"entry {name!r} is encrypted or patched data (flags 0x{flags:04x}): "
+                                   "torch cannot read it")
         if disk not in (0, 0xFFFF):
             raise ZipCheckError(2, f"entry {name!r} is on disk {disk} of a split archive")
         out.append((name, name_raw, offset, csize, usize, crc, method, flags))
