@@ -429,6 +429,7 @@ def _mutate(data: bytes, ops: list[tuple[str, int, int]]) -> bytes:
 @example(ops=[("flip", 12704, 0)], legacy=True)  # K -> J: the strides tuple swallowed into one int
 @example(ops=[("byte", 383, 0x88)], legacy=True)  # an int64 tensor that requires gradients
 @example(ops=[("flip", 1280, 5)], legacy=False)  # data.pkl's central directory flags: bit 5, patched data
+@example(ops=[("flip", 618917, 2)], legacy=False)  # the ZIP64 end record's size field: 44 -> 40
 def test_fuzzed_torch_files_valid_means_torch_reads_the_same_pickle(ops: list, legacy: bool) -> None:
     data = _mutate(real_legacy() if legacy else real_zip(), ops)
     with tempfile.TemporaryDirectory() as tmp:
@@ -489,6 +490,22 @@ def test_a_zip_entry_flagged_as_patched_data_is_corrupt(tmp_path: Path) -> None:
     assert not loads and "unsupported feature" in why, why
     report = validate(bad)
     assert report.verdict is Verdict.CORRUPT and "patched data" in report.reason, report.reason
+    _never_resumed_from(ckpt, bad, quarantined=True)
+
+
+def test_a_zip64_end_record_that_misstates_its_size_is_corrupt(tmp_path: Path) -> None:
+    """The fuzzer's find: the ZIP64 end-of-central-directory record's size field 44 -> 40; torch's
+    reader refuses the archive, the validator said whole."""
+    data = real_zip()
+    record = data.rindex(b"PK\x06\x06")
+    bad_bytes = _mutate(data, [("flip", 618917, 2)])
+    assert bad_bytes == data[:record + 4] + struct.pack("<Q", 40) + data[record + 12:]  # the @example above
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    bad = Path(_write(str(ckpt), "step=9.ckpt", bad_bytes))
+    assert not torch_reads(str(bad))[0]
+    report = validate(bad)
+    assert report.verdict is Verdict.CORRUPT and "ZIP64" in report.reason, report.reason
     _never_resumed_from(ckpt, bad, quarantined=True)
 
 

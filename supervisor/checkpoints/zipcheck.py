@@ -143,8 +143,11 @@ def _same_counts(eocd: bytes, entries: int, cd_size: int, cd_offset: int) -> Non
 
 
 def _one_disk_zip64(z64: bytes, locator: bytes) -> None:
-    """The ZIP64 records of a single-file archive, as miniz requires them: disk 0 of 1, every
-    entry on it."""
+    """The ZIP64 records of a single-file archive, as miniz requires them: the record's own size
+    field right, disk 0 of 1, every entry on it."""
+    record_size = struct.unpack_from("<Q", z64, 4)[0]
+    if record_size != 56 - 12:  # what miniz, zipfile and torch.save write; miniz refuses less
+        raise ZipCheckError(1, f"the ZIP64 end-of-central-directory record gives its size as {record_size}, not 44")
     disk, cd_disk, here, total = struct.unpack_from("<IIQQ", z64, 16)
     locator_disk, disks = struct.unpack_from("<I8xI", locator, 4)
     if disk or cd_disk or locator_disk or disks != 1 or here != total:
