@@ -432,6 +432,8 @@ def _mutate(data: bytes, ops: list[tuple[str, int, int]]) -> bytes:
 @example(ops=[("flip", 1280, 5)], legacy=False)  # data.pkl's central directory flags: bit 5, patched data
 @example(ops=[("flip", 618917, 2)], legacy=False)  # the ZIP64 end record's size field: 44 -> 40
 @example(ops=[("flip", 21695, 6)], legacy=True)  # torch._utils.\x1frebuild_tensor_v2: untrusted, refused by name
+@example(ops=[("flip", 385, 3)], legacy=True)  # BINGET 11 -> 3: _rebuild_tensor_v2() called with no arguments
+@example(ops=[("byte", 386, 75)], legacy=True)  # EMPTY_TUPLE -> BININT1: hooks a class, metadata an int
 def test_fuzzed_torch_files_valid_means_torch_reads_the_same_pickle(ops: list, legacy: bool) -> None:
     data = _mutate(real_legacy() if legacy else real_zip(), ops)
     with tempfile.TemporaryDirectory() as tmp:
@@ -462,6 +464,8 @@ def test_a_legacy_file_naming_a_class_nobody_has_is_whole_untrusted_and_refused_
 @pytest.mark.parametrize("ops, words", [
     ([("flip", 12704, 0)], "offset, sizes or strides"),  # stride tuple (1,) read as BININT 175211777
     ([("byte", 383, 0x88)], "requires gradients"),  # NEWFALSE -> NEWTRUE on the LongStorage tensor
+    ([("flip", 385, 3)], "rebuilt with 0 arguments"),  # BINGET of the rebuild function, not OrderedDict
+    ([("byte", 386, 75)], "not a dict"),  # EMPTY_TUPLE -> BININT1: hooks the class itself, metadata 82
 ])
 def test_a_legacy_tensor_rebuild_torch_cannot_make_is_corrupt(tmp_path: Path, ops: list, words: str) -> None:
     """The fuzzer's finds in a legacy file (no checksum): one flipped byte leaves five well-formed

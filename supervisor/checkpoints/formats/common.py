@@ -15,6 +15,8 @@ from .. import trust as T
 from ..limits import MAX_PICKLE_OPS, ScanLimitError
 from ..outcome import Outcome, unverifiable
 from ..picklescan import (
+    Blob,
+    Global,
     PersistentRef,
     PickleScan,
     as_mapping,
@@ -75,6 +77,8 @@ _INTEGER_STORAGES = frozenset({"ByteStorage", "CharStorage", "ShortStorage", "In
 # torch._utils' tensor rebuilders and how many arguments each takes (storage, offset, sizes,
 # strides, then for v2: requires_grad, backward_hooks and an optional metadata).
 _REBUILDERS = {"_rebuild_tensor_v2": (6, 7), "_rebuild_tensor": (4, 4)}
+# Values that can never be a tensor's backward-hook dict (torch.save writes an OrderedDict).
+_NOT_A_MAPPING = (int, float, str, bytes, tuple, list, type(None), Blob, PersistentRef, Global)
 
 
 def view_problem(scan: PickleScan) -> str | None:
@@ -87,16 +91,18 @@ def view_problem(scan: PickleScan) -> str | None:
     storages = {ref.key: ref for ref in scan.storages if ref.type_name != "UntypedStorage"}
     for name, (fewest, most) in _REBUILDERS.items():
         for call in iter_calls(scan.root, name):
+            if call.func.module != "torch._utils":
+                continue
             args = call.args if isinstance(call.args, tuple) else ()
-            if not args or not isinstance(args[0], PersistentRef) or not isinstance(args[0].pid, tuple):
+            if not fewest <= len(args) <= most:
+                return f"a tensor is rebuilt with {len(args)} arguments; {name} takes {fewest}-{most}"
+            if not isinstance(args[0], PersistentRef) or not isinstance(args[0].pid, tuple):
                 continue  # not a storage torch would hand over: the persistent-id checks judge it
             pid = args[0].pid
             ref = storages.get(str(pid[2])) if len(pid) > 2 and isinstance(pid[2], (str, int)) else None
             if ref is None:
                 continue  # an untyped or unknown storage: its own checks judge it
             key = str(pid[2])[:40]
-            if not fewest <= len(args) <= most:
-                return f"tensor on storage {key} is rebuilt with {len(args)} arguments; {name} takes {fewest}-{most}"
             offset, sizes, strides = args[1], args[2], args[3]
             if (type(offset) is not int or not _int_tuple(sizes) or not _int_tuple(strides)
                     or len(sizes) != len(strides)):
@@ -109,6 +115,10 @@ def view_problem(scan: PickleScan) -> str | None:
                 if requires_grad and ref.type_name in _INTEGER_STORAGES:
                     return (f"tensor on storage {key} ({ref.type_name}) requires gradients, which no integer "
                             "tensor can")
+                if isinstance(args[5], _NOT_A_MAPPING):  # a call is left to the class it names (trust)
+                    return f"tensor on storage {key} has backward hooks that are not a dict (torch.save writes one)"
+                if len(args) == 7 and args[6] and isinstance(args[6], _NOT_A_MAPPING):  # falsy: torch skips it
+                    return f"tensor on storage {key} has metadata that is not a dict"
             if 0 in sizes:
                 continue
             last = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True))
