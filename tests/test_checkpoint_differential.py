@@ -24,6 +24,7 @@ import io
 import json
 import os
 import pickle
+import re
 import struct
 import tarfile
 import tempfile
@@ -36,7 +37,7 @@ from typing import Any
 import ckpt_factory as cf
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from supervisor import sharded
@@ -65,9 +66,36 @@ def real_zip() -> bytes:
 
 @cache
 def real_legacy() -> bytes:
+    """A legacy-format save whose bytes are the same in every process. The legacy writer names
+    each storage by its memory address (``str(storage._cdata)``) and writes the storages in the
+    sorted order of those names, so a bare save differs from run to run in content, length and
+    layout: the fuzzer's positions then land on other bytes and a derandomized run explores other
+    files. Here the storages are renamed "0", "1" in the order the object names them, and laid
+    out as the writer lays out those names."""
     buffer = io.BytesIO()
     torch.save(_obj(), buffer, _use_new_zipfile_serialization=False)
-    return buffer.getvalue()
+    return _renamed_storage_keys(buffer.getvalue())
+
+
+def _renamed_storage_keys(data: bytes) -> bytes:
+    def binunicode(text: bytes) -> bytes:
+        return b"X" + struct.pack("<I", len(text)) + text
+
+    obj = _obj()
+    tensors = [obj["w"], obj["b"]]  # the order the object pickle names their storages
+    sections = [struct.pack("<q", t.numel()) + t.numpy().tobytes() for t in tensors]
+    keys: list[bytes] = []
+    for match in re.finditer(rb"X(.)\x00\x00\x00(\d{6,20})", data):
+        if match.group(1)[0] == len(match.group(2)) and match.group(2) not in keys:
+            keys.append(match.group(2))
+    assert len(keys) == len(tensors), keys
+    names = sorted(key.decode() for key in keys)  # the writer's order: sorted names
+    tail = pickle.dumps(names, protocol=2) + b"".join(sections[keys.index(n.encode())] for n in names)
+    assert data.endswith(tail), "torch's legacy layout changed: update _renamed_storage_keys"
+    head = data[:-len(tail)]
+    for index, key in enumerate(keys):
+        head = head.replace(binunicode(key), binunicode(str(index).encode()))
+    return head + pickle.dumps([str(i) for i in range(len(keys))], protocol=2) + b"".join(sections)
 
 
 def _write(directory: str, name: str, data: bytes) -> str:
@@ -78,13 +106,14 @@ def _write(directory: str, name: str, data: bytes) -> str:
 
 
 def torch_reads(path: str) -> tuple[bool, str]:
-    """(loads, why not) with torch.load(weights_only=True): nothing can run."""
+    """(loads, why not) with torch.load(weights_only=True): nothing can run. ``why`` is the whole
+    message: the global its unpickler refused comes near its end."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.load(path, weights_only=True)
     except Exception as exc:  # noqa: BLE001 -- any failure of the loader is the answer
-        return False, f"{type(exc).__name__}: {str(exc)[:200]}"
+        return False, f"{type(exc).__name__}: {exc}"
     return True, ""
 
 
@@ -107,16 +136,26 @@ def pickle_validator_scanned(path: str) -> bytes:
 
 def assert_loader_agrees(path: str) -> None:
     """The property, for one file: VALID implies the loader reads it and the scan covered what
-    the loader unpickles."""
-    outcome = check_file(path)
-    if outcome.verdict is not Verdict.VALID:
+    the loader unpickles. A whole file that names globals outside the allowlist (untrusted: a
+    flipped letter turns ``collections.OrderedDict`` into ``Collections.OrderedDict``, which reads
+    exactly like a training's own class) may be refused by ``weights_only=True``, but only for one
+    of the names the validator reported, never on the bytes."""
+    report = validate(path)
+    if report.verdict is not Verdict.VALID:
         return
-    if outcome.format == "pickle":  # a pickle.dump file: torch.load refuses any (no magic number);
+    assert report.load_safe and report.trust in (Trust.TRUSTED, Trust.UNTRUSTED), (report.trust, report.reason)
+    if report.format == "pickle":  # a pickle.dump file: torch.load refuses any (no magic number);
         with pytest.raises(tarfile.TarError):  # what matters is that no tar reading comes first
             tarfile.open(path, mode="r:").close()
         return
     loads, why = torch_reads(path)
-    assert loads, f"validator: VALID ({outcome.reason}); torch.load: {why}"
+    if report.trust is Trust.TRUSTED:
+        assert loads, f"validator: VALID, trusted ({report.reason}); torch.load: {why}"
+    elif not loads:
+        # (.+?), not \S+: a name may hold any byte but a newline, \x1f (a "space" to re) included
+        refused = re.search(r"Unsupported global: GLOBAL (.+?) was not an allowed global", why)
+        assert refused is not None and refused.group(1) in report.trust_names, \
+            f"validator: VALID, untrusted {report.trust_names} ({report.reason}); torch.load: {why}"
     with open(path, "rb") as handle:
         is_zip = handle.read(4) == b"PK\x03\x04"
     if is_zip:
@@ -387,10 +426,105 @@ def _mutate(data: bytes, ops: list[tuple[str, int, int]]) -> bytes:
 
 @settings(DIFF, max_examples=max(DIFF.max_examples, 300))
 @given(ops=st.lists(MUTATIONS, min_size=1, max_size=3), legacy=st.booleans())
+@example(ops=[("case", 162, 0)], legacy=True)  # collections.OrderedDict -> Collections.OrderedDict: whole, untrusted
+@example(ops=[("flip", 12704, 0)], legacy=True)  # K -> J: the strides tuple swallowed into one int
+@example(ops=[("byte", 383, 0x88)], legacy=True)  # an int64 tensor that requires gradients
+@example(ops=[("flip", 1280, 5)], legacy=False)  # data.pkl's central directory flags: bit 5, patched data
+@example(ops=[("flip", 618917, 2)], legacy=False)  # the ZIP64 end record's size field: 44 -> 40
+@example(ops=[("flip", 21695, 6)], legacy=True)  # torch._utils.\x1frebuild_tensor_v2: untrusted, refused by name
+@example(ops=[("flip", 385, 3)], legacy=True)  # BINGET 11 -> 3: _rebuild_tensor_v2() called with no arguments
+@example(ops=[("byte", 386, 75)], legacy=True)  # EMPTY_TUPLE -> BININT1: hooks a class, metadata an int
 def test_fuzzed_torch_files_valid_means_torch_reads_the_same_pickle(ops: list, legacy: bool) -> None:
     data = _mutate(real_legacy() if legacy else real_zip(), ops)
     with tempfile.TemporaryDirectory() as tmp:
         assert_loader_agrees(_write(tmp, "x.pt", data))
+
+
+def test_a_legacy_file_naming_a_class_nobody_has_is_whole_untrusted_and_refused_only_for_that_name(
+        tmp_path: Path) -> None:
+    """The fuzzer's find (one letter's case flipped in a legacy file, which has no checksum): the
+    validator and torch.load(weights_only=True) read the same pickle; it names a global outside the
+    allowlist, which is a trust note, not damage; torch refuses that very global."""
+    data = real_legacy().replace(b"ccollections\nOrderedDict\n", b"cCollections\nOrderedDict\n")
+    assert data != real_legacy()
+    assert _mutate(real_legacy(), [("case", 162, 0)]) == data  # the @example of the fuzzed test
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    path = _write(str(ckpt), "step=7.pt", data)
+    report = validate(path)
+    assert report.verdict is Verdict.VALID and report.trust is Trust.UNTRUSTED, (report.verdict, report.reason)
+    assert report.trust_names == ("Collections.OrderedDict",)
+    loads, why = torch_reads(path)
+    assert not loads and "Unsupported global: GLOBAL Collections.OrderedDict " in why, why
+    assert_loader_agrees(path)
+    strict = find_resume_point(ckpt, quarantine=True, quarantine_tag="diff", writers_alive=False, require_trusted=True)
+    assert strict.path is None and Path(path).exists(), strict.reason  # never renamed, not chosen
+
+
+@pytest.mark.parametrize("ops, words", [
+    ([("flip", 12704, 0)], "offset, sizes or strides"),  # stride tuple (1,) read as BININT 175211777
+    ([("byte", 383, 0x88)], "requires gradients"),  # NEWFALSE -> NEWTRUE on the LongStorage tensor
+    ([("flip", 385, 3)], "rebuilt with 0 arguments"),  # BINGET of the rebuild function, not OrderedDict
+    ([("byte", 386, 75)], "not a dict"),  # EMPTY_TUPLE -> BININT1: hooks the class itself, metadata 82
+])
+def test_a_legacy_tensor_rebuild_torch_cannot_make_is_corrupt(tmp_path: Path, ops: list, words: str) -> None:
+    """The fuzzer's finds in a legacy file (no checksum): one flipped byte leaves five well-formed
+    pickles whose tensor rebuild torch.load(weights_only=True) refuses; the validator said whole."""
+    data = _mutate(real_legacy(), ops)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    bad = Path(_write(str(ckpt), "step=9.pt", data))
+    loads, why = torch_reads(str(bad))
+    assert not loads, "the mutation no longer breaks the file for torch"
+    report = validate(bad)
+    assert report.verdict is Verdict.CORRUPT and words in report.reason, report.reason
+    _never_resumed_from(ckpt, bad, quarantined=True)
+
+
+def test_a_zip_entry_flagged_as_patched_data_is_corrupt(tmp_path: Path) -> None:
+    """The fuzzer's find: bit 5 of data.pkl's general purpose flags in the central directory
+    ("compressed patched data"): torch's reader refuses the entry, the validator said whole."""
+    data = real_zip()
+    cd = data.index(b"PK\x01\x02")
+    assert data[cd + 46:cd + 46 + len("archive/data.pkl")] == b"archive/data.pkl"
+    bad_bytes = _mutate(data, [("flip", 1280, 5)])
+    assert bad_bytes == data[:cd + 8] + bytes([data[cd + 8] | 0x20]) + data[cd + 9:]  # the @example above
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    bad = Path(_write(str(ckpt), "step=9.ckpt", bad_bytes))
+    loads, why = torch_reads(str(bad))
+    assert not loads and "unsupported feature" in why, why
+    report = validate(bad)
+    assert report.verdict is Verdict.CORRUPT and "patched data" in report.reason, report.reason
+    _never_resumed_from(ckpt, bad, quarantined=True)
+
+
+def test_a_zip64_end_record_that_misstates_its_size_is_corrupt(tmp_path: Path) -> None:
+    """The fuzzer's find: the ZIP64 end-of-central-directory record's size field 44 -> 40; torch's
+    reader refuses the archive, the validator said whole."""
+    data = real_zip()
+    record = data.rindex(b"PK\x06\x06")
+    bad_bytes = _mutate(data, [("flip", 618917, 2)])
+    assert bad_bytes == data[:record + 4] + struct.pack("<Q", 40) + data[record + 12:]  # the @example above
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    bad = Path(_write(str(ckpt), "step=9.ckpt", bad_bytes))
+    assert not torch_reads(str(bad))[0]
+    report = validate(bad)
+    assert report.verdict is Verdict.CORRUPT and "ZIP64" in report.reason, report.reason
+    _never_resumed_from(ckpt, bad, quarantined=True)
+
+
+def test_an_untouched_legacy_save_is_whole_and_loads() -> None:
+    """The base of the legacy fuzzing: deterministic bytes, whole, read by torch as saved."""
+    data = real_legacy()
+    assert b"\x80\x02]q\x00(X\x01\x00\x00\x000q\x01X\x01\x00\x00\x001q\x02e." in data  # keys "0", "1"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _write(tmp, "step=7.pt", data)
+        report = validate(path)
+        assert report.verdict is Verdict.VALID and report.trust is Trust.TRUSTED, report.reason
+        loaded = torch.load(path, weights_only=True)
+    assert loaded["global_step"] == 7 and torch.equal(loaded["w"], _obj()["w"]) and torch.equal(loaded["b"], _obj()["b"])
 
 
 ENTRY_NAMES = st.sampled_from(["data.pkl", "DATA.PKL", "Data.pkl", "data/0", "data/1", "version", "byteorder",

@@ -143,8 +143,11 @@ def _same_counts(eocd: bytes, entries: int, cd_size: int, cd_offset: int) -> Non
 
 
 def _one_disk_zip64(z64: bytes, locator: bytes) -> None:
-    """The ZIP64 records of a single-file archive, as miniz requires them: disk 0 of 1, every
-    entry on it."""
+    """The ZIP64 records of a single-file archive, as miniz requires them: the record's own size
+    field right, disk 0 of 1, every entry on it."""
+    record_size = struct.unpack_from("<Q", z64, 4)[0]
+    if record_size != 56 - 12:  # what miniz, zipfile and torch.save write; miniz refuses less
+        raise ZipCheckError(1, f"the ZIP64 end-of-central-directory record gives its size as {record_size}, not 44")
     disk, cd_disk, here, total = struct.unpack_from("<IIQQ", z64, 16)
     locator_disk, disks = struct.unpack_from("<I8xI", locator, 4)
     if disk or cd_disk or locator_disk or disks != 1 or here != total:
@@ -232,7 +235,9 @@ def read_index(fd: int, base: int, length: int, trailer: Trailer) -> ZipIndex:
     return ZipIndex(tuple(entries), prefix, crc_present, trailer.cd_offset)
 
 
-_UNSUPPORTED_FLAGS = 0x0001 | 0x0040 | 0x2000  # encrypted, strong encryption, masked directory
+# General purpose flags torch's zip reader refuses an entry for: encrypted, compressed patched data
+# (bit 5: "unsupported feature"), strong encryption, masked directory. torch.save sets none of them.
+_UNSUPPORTED_FLAGS = 0x0001 | 0x0020 | 0x0040 | 0x2000
 
 
 def _parse_central_directory(cd: bytes, expected: int) -> list[tuple]:
@@ -253,7 +258,8 @@ def _parse_central_directory(cd: bytes, expected: int) -> list[tuple]:
             usize, csize, offset = _zip64_extra(extra, usize, csize, offset)
         name = name_raw.decode("utf-8" if flags & 0x800 else "cp437", errors="replace")
         if flags & _UNSUPPORTED_FLAGS:
-            raise ZipCheckError(2, f"entry {name!r} is encrypted (flags 0x{flags:04x}): torch cannot read it")
+            raise ZipCheckError(2, f"entry {name!r} is encrypted or patched data (flags 0x{flags:04x}): "
+                                   "torch cannot read it")
         if disk not in (0, 0xFFFF):
             raise ZipCheckError(2, f"entry {name!r} is on disk {disk} of a split archive")
         out.append((name, name_raw, offset, csize, usize, crc, method, flags))

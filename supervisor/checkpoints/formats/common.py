@@ -15,6 +15,8 @@ from .. import trust as T
 from ..limits import MAX_PICKLE_OPS, ScanLimitError
 from ..outcome import Outcome, unverifiable
 from ..picklescan import (
+    Blob,
+    Global,
     PersistentRef,
     PickleScan,
     as_mapping,
@@ -69,27 +71,64 @@ def over_limit(fmt: str, level: int, exc: ScanLimitError, **kw: Any) -> Outcome:
 
 
 
+# Storage types whose tensors cannot require gradients (torch.load raises when a file says they do).
+_INTEGER_STORAGES = frozenset({"ByteStorage", "CharStorage", "ShortStorage", "IntStorage", "LongStorage", "BoolStorage",
+                               "QInt8Storage", "QUInt8Storage", "QInt32Storage", "QUInt4x2Storage", "QUInt2x4Storage"})
+# torch._utils' tensor rebuilders and how many arguments each takes (storage, offset, sizes,
+# strides, then for v2: requires_grad, backward_hooks and an optional metadata).
+_REBUILDERS = {"_rebuild_tensor_v2": (6, 7), "_rebuild_tensor": (4, 4)}
+# Values that can never be a tensor's backward-hook dict (torch.save writes an OrderedDict).
+_NOT_A_MAPPING = (int, float, str, bytes, tuple, list, type(None), Blob, PersistentRef, Global)
+
+
 def view_problem(scan: PickleScan) -> str | None:
-    """A tensor whose view (offset, sizes, strides) reaches past its storage: torch.load fails."""
-    numels = {ref.key: ref.numel for ref in scan.storages if ref.type_name != "UntypedStorage"}
-    for name in ("_rebuild_tensor_v2", "_rebuild_tensor"):
+    """A tensor rebuild torch.load cannot make (the callers add that it fails): its view (offset,
+    sizes, strides) reaches past its storage, its arguments are not the ones ``torch.save`` writes
+    (an offset that is not an int, sizes or strides that are not tuples of ints of one length, the
+    wrong number of them), or an integer tensor that requires gradients. The scan judges them as the
+    loader will use them, so a flipped bit that turns ``K`` (one-byte int) into ``J`` (four-byte
+    int) and swallows the strides tuple is damage, not a whole file."""
+    storages = {ref.key: ref for ref in scan.storages if ref.type_name != "UntypedStorage"}
+    for name, (fewest, most) in _REBUILDERS.items():
         for call in iter_calls(scan.root, name):
+            if call.func.module != "torch._utils":
+                continue
             args = call.args if isinstance(call.args, tuple) else ()
-            if len(args) < 4 or not isinstance(args[0], PersistentRef) or not isinstance(args[0].pid, tuple):
-                continue
-            pid, offset, sizes, strides = args[0].pid, args[1], args[2], args[3]
-            numel = numels.get(str(pid[2])) if len(pid) > 2 and isinstance(pid[2], (str, int)) else None
-            if (numel is None or type(offset) is not int or not isinstance(sizes, tuple)
-                    or not isinstance(strides, tuple) or len(sizes) != len(strides)
-                    or not all(type(v) is int for v in (*sizes, *strides))):
-                continue
+            if not fewest <= len(args) <= most:
+                return f"a tensor is rebuilt with {len(args)} arguments; {name} takes {fewest}-{most}"
+            if not isinstance(args[0], PersistentRef) or not isinstance(args[0].pid, tuple):
+                continue  # not a storage torch would hand over: the persistent-id checks judge it
+            pid = args[0].pid
+            ref = storages.get(str(pid[2])) if len(pid) > 2 and isinstance(pid[2], (str, int)) else None
+            if ref is None:
+                continue  # an untyped or unknown storage: its own checks judge it
+            key = str(pid[2])[:40]
+            offset, sizes, strides = args[1], args[2], args[3]
+            if (type(offset) is not int or not _int_tuple(sizes) or not _int_tuple(strides)
+                    or len(sizes) != len(strides)):
+                return (f"tensor on storage {key} has offset, sizes or strides that are not the ints and tuples "
+                        "torch.save writes")
+            if name == "_rebuild_tensor_v2":
+                requires_grad = args[4]
+                if type(requires_grad) is not bool:
+                    return f"tensor on storage {key} has a requires_grad that is not a bool"
+                if requires_grad and ref.type_name in _INTEGER_STORAGES:
+                    return (f"tensor on storage {key} ({ref.type_name}) requires gradients, which no integer "
+                            "tensor can")
+                if isinstance(args[5], _NOT_A_MAPPING):  # a call is left to the class it names (trust)
+                    return f"tensor on storage {key} has backward hooks that are not a dict (torch.save writes one)"
+                if len(args) == 7 and args[6] and isinstance(args[6], _NOT_A_MAPPING):  # falsy: torch skips it
+                    return f"tensor on storage {key} has metadata that is not a dict"
             if 0 in sizes:
                 continue
             last = offset + sum((size - 1) * stride for size, stride in zip(sizes, strides, strict=True))
-            if offset < 0 or last >= numel:
-                return f"a tensor view reaches element {last} of storage {str(pid[2])[:40]}, which holds {numel}"
+            if offset < 0 or last >= ref.numel:
+                return f"a tensor view reaches element {last} of storage {key}, which holds {ref.numel}"
     return None
 
+
+def _int_tuple(value: Any) -> bool:
+    return isinstance(value, tuple) and all(type(v) is int for v in value)
 
 
 # Device tags torch.load restores a storage to without a map_location ("cpu", "cuda:1", ...): torch's
