@@ -377,9 +377,9 @@ def test_the_stack_dump_signal_prints_every_thread_and_is_harmless_without_insta
     proc = spawn(tmp_path, """
         client.install()
         def stuck_in_deep_function():
+            print("ready", flush=True)  # from inside: the dump asked for after "ready" must show this frame
             while not client.should_stop():
                 time.sleep(0.005)
-        print("ready", flush=True)
         stuck_in_deep_function()
     """, base_env())
     assert read_line(proc) == "ready"
