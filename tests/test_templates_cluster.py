@@ -126,9 +126,18 @@ def test_preemptible_template_is_requeued_after_preemption_and_resumes(slurm_clu
     assert final.restarts == 1
     output = Path(final.std_out).read_text()
     # --open-mode=append: both runs of the job id are in one file, in order.
-    first, second = output.index(f"job {job_id} run 1 "), output.index(f"job {job_id} run 2 ")
-    assert first < output.index("stop notice") < second < output.index("training complete at step 60")
+    assert_in_order(output, f"job {job_id} run 1 ", "stop notice", f"job {job_id} run 2 ",
+                    "training complete at step 60")
     assert_resumed_after_requeue(run_dir, job_id)
+
+
+def assert_in_order(text: str, *parts: str) -> None:
+    """Each part found after the one before it; on failure the text is shown, not only an index."""
+    at = 0
+    for part in parts:
+        found = text.find(part, at)
+        assert found >= 0, f"{part!r} not found after offset {at} of the job's output:\n{text[-6000:]}"
+        at = found + len(part)
 
 
 def test_time_limit_template_checkpoints_and_requeues_on_the_warning_signal(slurm_cluster, slurm_job_dir):
