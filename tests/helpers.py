@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -74,3 +76,20 @@ def pid_alive(pid: int) -> bool:
         return state != "Z"
     except OSError:
         return False
+
+
+def preempt_while_the_child_waits(cluster: Any, node: str, run_dir: Path, timeout: float = 60.0) -> None:
+    """Preempt ``node`` while the newest attempt's training process is stopped (SIGSTOP), and let it
+    go (SIGCONT) once the supervisor has logged the notice. A loaded machine may take longer to
+    schedule the preemptor than a short training takes to finish; stopped, the training cannot end
+    first, so the preemption lands while it trains (Slurm itself sends SIGCONT with the notice)."""
+    starts = [e for e in read_events(run_dir) if e["event"] == "attempt_start"]
+    child = int(starts[-1]["pid"])
+    os.kill(child, signal.SIGSTOP)
+    try:
+        cluster.preempt(node)
+        if not wait_for(lambda: any(e["event"] == "notice" for e in read_events(run_dir)), timeout, 0.1):
+            raise AssertionError(f"no notice in {run_dir} within {timeout:.0f} s of preempting {node}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGCONT)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import preempt_while_the_child_waits
 
 from supervisor.addons import templates
 from supervisor.budget import BudgetVerdict
@@ -271,9 +272,9 @@ def finish(proc: subprocess.Popen[str], timeout: float = 180) -> tuple[int, dict
     return proc.returncode, result, err
 
 
-def preempt_running_job(cluster, job_id: int) -> None:
+def preempt_running_job(cluster, job_id: int, run_dir: Path) -> None:
     info = cluster.wait_state(job_id, "RUNNING", timeout=60)
-    cluster.preempt(info.node_names[0])
+    preempt_while_the_child_waits(cluster, info.node_names[0], run_dir)
 
 
 def test_preempted_no_requeue_job_is_resubmitted_and_resumes_from_its_checkpoint(slurm_cluster, slurm_job_dir):
@@ -285,7 +286,7 @@ def test_preempted_no_requeue_job_is_resubmitted_and_resumes_from_its_checkpoint
         first = wait_until(lambda: ledger(run_dir), "the first submission", proc)[0]["job_id"]
         wait_until(lambda: any(e["event"] == "save_end" and e.get("ok") for e in events(run_dir)),
                    "a checkpoint saved by the first job", proc)
-        preempt_running_job(slurm_cluster, first)
+        preempt_running_job(slurm_cluster, first, run_dir)
         rc, result, err = finish(proc)
 
     assert rc == 0, err
@@ -322,7 +323,7 @@ def test_max_submissions_reached_after_a_preemption_gives_up_with_exit_1(slurm_c
     proc = start_submit(slurm_cluster, slurm_job_dir, script, "--max-submissions", "1")
     job_id = wait_until(lambda: ledger(run_dir), "the submission", proc)[0]["job_id"]
     wait_until(lambda: any(e["event"] == "progress" for e in events(run_dir)), "training progress", proc)
-    preempt_running_job(slurm_cluster, job_id)
+    preempt_running_job(slurm_cluster, job_id, run_dir)
     rc, result, err = finish(proc)
 
     assert rc == 1, err

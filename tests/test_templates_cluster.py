@@ -8,15 +8,14 @@ resume after the preemption or the warning. tests/test_templates.py checks the r
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from helpers import preempt_while_the_child_waits
 
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,16 +71,6 @@ def wait_for_save(run_dir: Path, cluster, job_id: int, timeout: float = 120.0) -
     raise AssertionError(f"no checkpoint in {run_dir} after {timeout:.0f}s")
 
 
-def wait_for_event(run_dir: Path, name: str, timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [e for e in events(run_dir) if e["event"] == name]
-        if found:
-            return found[0]
-        time.sleep(0.1)
-    raise AssertionError(f"no {name} event in {run_dir} after {timeout:.0f}s")
-
-
 def assert_resumed_after_requeue(run_dir: Path, job_id: int) -> None:
     """Two runs of the same job id: the second resumed from the first one's checkpoint."""
     starts = [e for e in events(run_dir) if e["event"] == "attempt_start"]
@@ -133,17 +122,7 @@ def test_preemptible_template_is_requeued_after_preemption_and_resumes(slurm_clu
     job_id = slurm_cluster.sbatch(script)
     wait_for_save(run_dir, slurm_cluster, job_id)
     node = slurm_cluster.job(job_id).node_names[0]
-    # The preemption must land while the training runs, not once it has finished its last steps (a
-    # loaded machine may take longer to schedule the preemptor than the training takes to end): the
-    # child waits, stopped, until the supervisor has the notice.
-    child = next(e["pid"] for e in events(run_dir) if e["event"] == "attempt_start")
-    os.kill(child, signal.SIGSTOP)
-    try:
-        slurm_cluster.preempt(node)
-        wait_for_event(run_dir, "notice", timeout=60)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signal.SIGCONT)
+    preempt_while_the_child_waits(slurm_cluster, node, run_dir)
     final = slurm_cluster.wait_state(job_id, "COMPLETED", timeout=180, min_restarts=1)
 
     assert final.restarts == 1
