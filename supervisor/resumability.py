@@ -31,9 +31,11 @@ NO_SAVE_WARN_S = 3600.0
 # "saving model to final.pt" is an export, not a resume point.
 _SAVE_LINE = re.compile(
     r"""(?ix)
-        \bsav(?:e|es|ed|ing)\b [^\n]{0,40}? \b(?:checkpoint|ckpt|state)s?\b
-      | \b(?:checkpoint|ckpt)s?\b [^\n]{0,20}? \bsaved\b
+        \bsav(?:e|es|ed|ing)\b [^\n]{0,40}? \b((?:checkpoint|ckpt|state)s?)\b
+      | \b((?:checkpoint|ckpt)s?)\b [^\n]{0,20}? \bsaved\b
     """)
+_SEPARATOR = re.compile(r"[/\\]")
+_FILE_SUFFIX = re.compile(r"(?i)\.(?:pt|pth|ckpt|bin|safetensors|pkl|tar|npz|h5)$")  # a checkpoint file
 _PREPOSITION = re.compile(r"(?i)(?:\bto\b|\bat\b|\binto\b|\bin\b|:)\s*['\"`]?(?P<path>[^\s'\"`,;]+)")
 _TOKEN = re.compile(r"[^\s'\"`,;()]+")
 _PATH_LIKE = re.compile(r"(?i)/|\.(?:pt|pth|ckpt|bin|safetensors|pkl|tar|npz|h5)$")
@@ -55,12 +57,16 @@ _FILE_LIKE = re.compile(r"(?i)\.(?:pt|pth|ckpt|bin|safetensors|pkl|tar|npz|h5)$|
 def save_line_path(line: str) -> str | None:
     """The path a line of the training's output says a checkpoint was saved to, if it says so:
     the first path-like word after the phrase (``.../x.pt``, ``out/checkpoint-30``), else the word
-    after its first ``to``/``at``/``into``/``:`` (``saving checkpoint to out``)."""
+    after its first ``to``/``at``/``into``/``:`` (``saving checkpoint to out``); or, when the
+    phrase's word is part of a path, that path (see :func:`_path_around`)."""
     if not _HINT.search(line):
         return None
     match = _SAVE_LINE.search(line)
     if match is None:
         return None
+    named = _path_around(line, match)
+    if named is not None:  # "saved in out/checkpoint-20/config.json": the phrase's word is in the path
+        return named
     rest = line[match.end():]
     found = next((t for t in _TOKEN.findall(rest) if _PATH_LIKE.search(t) and "://" not in t), None)
     if found is None:
@@ -68,6 +74,23 @@ def save_line_path(line: str) -> str | None:
         found = after.group("path") if after else None
     path = found.rstrip(".") if found else None
     return path if path and not _STEP_WORD.fullmatch(path) else None
+
+
+def _path_around(line: str, match: re.Match[str]) -> str | None:
+    """When the save phrase's word (checkpoint, ckpt, state) lies inside a path (HF Trainer's
+    "Configuration saved in out/checkpoint-20/config.json"), the path that line names: the whole
+    word if it is a checkpoint file, else up to the end of the part holding the phrase's word
+    (``out/checkpoint-20``). None when the word stands on its own."""
+    start = match.start(1) if match.group(1) is not None else match.start(2)
+    end = match.end(1) if match.group(1) is not None else match.end(2)
+    token = next((t for t in _TOKEN.finditer(line) if t.start() <= start and end <= t.end()), None)
+    if token is None or not _SEPARATOR.search(token.group()):
+        return None
+    word = token.group().rstrip(".")
+    if _FILE_SUFFIX.search(word):
+        return word
+    cut = _SEPARATOR.search(word, end - token.start())
+    return word[:cut.start()] if cut else word
 
 
 def resume_line(line: str) -> bool:

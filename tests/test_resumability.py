@@ -27,6 +27,22 @@ def test_a_save_named_in_the_output_is_read_with_its_path(line: str, path: str) 
     assert save_line_path(line) == path
 
 
+@pytest.mark.parametrize("line, path", [
+    # HF Trainer's save_pretrained lines, after "Saving model checkpoint to out/checkpoint-20": the phrase's
+    # word is the checkpoint-20 directory inside the path; read as "-20/config.json" it was a save outside
+    # the watched directory and a false "cannot resume" warning.
+    ("[transformers] Configuration saved in out/checkpoint-20/config.json", "out/checkpoint-20"),
+    ("[transformers] tokenizer config file saved in /w/out/checkpoint-20/tokenizer_config.json",
+     "/w/out/checkpoint-20"),
+    ("[transformers] Model weights saved in out/checkpoint-20/model.safetensors", "out/checkpoint-20/model.safetensors"),
+    ("saved checkpoints/ckpt_5.pt", "checkpoints/ckpt_5.pt"),
+    ("Saving checkpoint-20 to out", "out"),  # a name, not a path: the word after the phrase
+])
+def test_a_save_line_whose_checkpoint_word_is_part_of_the_path_names_that_path(line: str, path: str) -> None:
+    assert save_line_path(line) == path
+    assert suggested_checkpoint_dir(save_line_path(line) or "") in ("out", "/w/out", "checkpoints")
+
+
 @pytest.mark.parametrize("line", [
     "step 10 loss 1.234", "saving model to final_model.pt", "eval step 0/50", "Loading checkpoint shards: 100%",
     "checkpoint every 1000 steps", "saved 3 images to samples/", "checkpoint saved at step 400",

@@ -96,6 +96,18 @@ def test_checkpoints_saved_outside_the_watched_directory_are_warned_and_a_restar
     assert end["stopped_by"] == "resume_audit" and "outside the watched checkpoint directory" in end["reason"]
 
 
+def test_hf_trainer_lines_naming_files_inside_its_checkpoint_are_no_save_elsewhere(tmp_path: Path) -> None:
+    save = "run/checkpoints/checkpoint-10"  # relative to the child's directory, as HF Trainer prints it
+    child = ChildScript([*_steps(1, 12), (0.55, "line", f"Saving model checkpoint to {save}"),
+                         (0.56, "line", f"Configuration saved in {save}/config.json"),
+                         (0.57, "line", f"tokenizer config file saved in {save}/tokenizer_config.json"),
+                         _client_save(0.6, 10, str(tmp_path / save)), (1.0, "msg", "done", {}), (1.1, "exit", 0)])
+    runner, w = make(tmp_path, [child], sets=("resume_arg=--resume_from_checkpoint {path}",))
+    assert runner.run().outcome is RunOutcome.COMPLETE
+    assert events_named(w["run_dir"], "save_elsewhere") == []
+    assert [s["ok"] for s in events_named(w["run_dir"], "resumability")] == [True]
+
+
 def test_a_script_that_saves_elsewhere_and_resumes_from_there_by_itself_goes_on(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     first = ChildScript([*_steps(1, 12), (0.56, "line", f"saving checkpoint to {elsewhere}/ckpt.pt"),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stacks import CHILD_ENV
+from stacks import CHILD_ENV, DS_CONFIG, DS_CONFIG_FILE
 
 HERE = Path(__file__).resolve().parent
 
@@ -74,10 +75,12 @@ def make_workdir(tmp_path: Path, request: pytest.FixtureRequest):
         workdir.mkdir(parents=True)
         if key == "nanogpt":
             make_nanogpt_data(workdir)
-        elif key == "hf_trainer":
+        elif key in ("hf_trainer", "hf_deepspeed"):
             hf = request.getfixturevalue("tiny_hf")
             shutil.copytree(hf / "model", workdir / "model")
             shutil.copytree(hf / "data", workdir / "data")
+            if key == "hf_deepspeed":
+                (workdir / DS_CONFIG_FILE).write_text(json.dumps(DS_CONFIG, indent=1))
         elif key == "accelerate_epochs":
             shutil.copytree(request.getfixturevalue("tiny_glue"), workdir, dirs_exist_ok=True)
         elif key == "litgpt":

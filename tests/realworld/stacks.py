@@ -127,6 +127,8 @@ class Stack:
     # For a script that prints its step only once a save finished: (checkpoint dir, its last step) -> True
     # when its own record of that save is written and the next save has not begun (no save in flight).
     between_saves: Callable[[Path, int], bool] | None = None
+    # In the one cluster preemption job by default (test_realworld.py; REALWORLD_CLUSTER_STACKS names any stack).
+    on_cluster: bool = True
 
     def supervise_flags(self, workdir: Path) -> list[str]:
         return ["--checkpoint-dir", str(workdir / self.checkpoint_dir), f"--resume-arg={self.resume_arg}"]
@@ -148,6 +150,19 @@ def trl_sft_script() -> str:
     assert digest == TRL_SFT_SHA256, (f"{spec.origin} is not the pinned script (sha256 {digest}): "
                                       f"pip install '{TRL_PIN}'")
     return spec.origin
+
+
+# The HF Trainer + DeepSpeed stack: the same public sft.py, with Trainer's DeepSpeed integration turned on by
+# `--deepspeed ds_config.json` (the config a user writes; conftest.py writes this one in the working
+# directory). "auto" takes the value from the Trainer's own flags, as the transformers docs configure it.
+# ZeRO stage 2 (the other DeepSpeed row is stage 1). On the CPU, DeepSpeed picks its CPU accelerator and,
+# without oneCCL installed, the gloo backend by itself: no setting is needed.
+DS_CONFIG_FILE = "ds_config.json"
+DS_CONFIG = {
+    "zero_optimization": {"stage": 2},
+    "train_micro_batch_size_per_gpu": "auto", "train_batch_size": "auto", "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+}
 
 
 # The public script the "Accelerate, save_state per epoch" stack runs, as the pinned accelerate ships it
@@ -200,6 +215,13 @@ def _epoch_save_settled(checkpoint_dir: Path, step: int) -> bool:
     return (checkpoint_dir / f"state_{epoch}.json").is_file() and not (checkpoint_dir / f"epoch_{epoch + 1}").exists()
 
 
+# What HF Trainer prints (the sft.py rows, with or without DeepSpeed).
+HF_TRAINER_LOG = ChildLog(progress=_group(r"^\s*\d+%\|[^|]*\|\s*(\d+)/\d+ \["),  # the bar without a title
+                          saved=_group(r"Saving model checkpoint to \S*checkpoint-(\d+)$"),
+                          resumed=_group(r"Resuming training from checkpoint with epoch \d+ and global step (\d+)"),
+                          save_announced_before_write=True)
+
+
 STACKS: tuple[Stack, ...] = (
     Stack(
         key="nanogpt", stack="plain PyTorch, nanoGPT conventions",
@@ -220,11 +242,24 @@ STACKS: tuple[Stack, ...] = (
                            "--output_dir", "out", "--max_steps", "120", "--save_steps", "20", "--logging_steps", "1",
                            "--per_device_train_batch_size", "4", "--max_length", "32", "--report_to", "none",
                            "--log_level", "info", "--save_total_limit", "3", "--use_cpu", "--bf16", "false"],
-        log=ChildLog(progress=_group(r"^\s*\d+%\|[^|]*\|\s*(\d+)/\d+ \["),  # the bar without a title
-                     saved=_group(r"Saving model checkpoint to \S*checkpoint-(\d+)$"),
-                     resumed=_group(r"Resuming training from checkpoint with epoch \d+ and global step (\d+)"),
-                     save_announced_before_write=True),
+        log=HF_TRAINER_LOG,
         needs=("trl", "datasets"),
+    ),
+    Stack(
+        key="hf_deepspeed", stack="HF Trainer + DeepSpeed (ZeRO 2, `torchrun`)",
+        script="trl/scripts/sft.py of the installed trl (a public script, unchanged) with --deepspeed: "
+               "checkpoint-N/ dirs, each holding DeepSpeed's global_stepN/ + latest",
+        save_interval=20, max_steps=120, checkpoint_dir="out", resume_arg="--resume_from_checkpoint {path}",
+        path_is="the checkpoint-N directory (Trainer loads the DeepSpeed tag in it)",
+        command=lambda w: [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", trl_sft_script(),
+                           "--model_name_or_path", "model", "--dataset_name", "data", "--output_dir", "out",
+                           "--max_steps", "120", "--save_steps", "20", "--logging_steps", "1",
+                           "--per_device_train_batch_size", "4", "--max_length", "32", "--report_to", "none",
+                           "--log_level", "info", "--save_total_limit", "3", "--use_cpu", "--bf16", "false",
+                           "--deepspeed", DS_CONFIG_FILE],
+        log=HF_TRAINER_LOG,
+        needs=("trl", "datasets", "deepspeed"),
+        on_cluster=False,  # not yet run in the cluster job (docs/realworld.md, Results)
     ),
     Stack(
         key="accelerate", stack="Accelerate",
