@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from litgpt_setup import pretrain_command
+from torchtune_setup import CHECKPOINT_FILE, finetune_command
+from torchtune_setup import EPOCH_STEPS as TUNE_EPOCH_STEPS
+from torchtune_setup import EPOCHS as TUNE_EPOCHS
 
 PY = sys.executable
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -127,6 +130,8 @@ class Stack:
     # For a script that prints its step only once a save finished: (checkpoint dir, its last step) -> True
     # when its own record of that save is written and the next save has not begun (no save in flight).
     between_saves: Callable[[Path, int], bool] | None = None
+    # False: left out of the one cluster job by default (not yet run there); REALWORLD_CLUSTER_STACKS names it in.
+    in_cluster_job: bool = True
 
     def supervise_flags(self, workdir: Path) -> list[str]:
         return ["--checkpoint-dir", str(workdir / self.checkpoint_dir), f"--resume-arg={self.resume_arg}"]
@@ -198,6 +203,17 @@ def _epoch_save_settled(checkpoint_dir: Path, step: int) -> bool:
     resume reads it) and epoch_<e+1>/ is not begun."""
     epoch = step // EPOCH_STEPS - 1
     return (checkpoint_dir / f"state_{epoch}.json").is_file() and not (checkpoint_dir / f"epoch_{epoch + 1}").exists()
+
+
+def _tune_epoch_step(pattern: str) -> Callable[[str], int | None]:
+    """torchtune's recipe names its saves by epoch (``out/epoch_<e>/``, from 0) and saves after each epoch of
+    ``TUNE_EPOCH_STEPS`` steps: the save of epoch e is of step (e + 1) * TUNE_EPOCH_STEPS."""
+    rx = re.compile(pattern)
+
+    def read(line: str) -> int | None:
+        found = rx.search(line)
+        return (int(found.group(1)) + 1) * TUNE_EPOCH_STEPS if found else None
+    return read
 
 
 STACKS: tuple[Stack, ...] = (
@@ -272,6 +288,23 @@ STACKS: tuple[Stack, ...] = (
                      resumed=_group(r"^Resuming training from \S*step-0*(\d+)/lit_model.pth"),
                      save_announced_before_write=True),
         needs=("litgpt", "litdata"),
+    ),
+    Stack(
+        key="torchtune", stack="plain PyTorch: torchtune full finetune",
+        script="torchtune's recipes/full_finetune_single_device.py of the installed torchtune (a public script, "
+               "unchanged), run as `tune run full_finetune_single_device`: out/epoch_<e>/ + out/recipe_state/",
+        save_interval=TUNE_EPOCH_STEPS, max_steps=TUNE_EPOCHS * TUNE_EPOCH_STEPS, checkpoint_dir="out",
+        resume_arg=f"resume_from_checkpoint=True checkpointer.checkpoint_files=[{{path}}/{CHECKPOINT_FILE}]",
+        path_is="the epoch_<e> directory (torchtune takes the weights in it, and its own out/recipe_state/)",
+        command=lambda w: finetune_command(PY),
+        # Its metric logger prints "Step N | loss:..." on stdout; its tqdm bar ("2|11|Loss: ...") on stderr
+        # may stand before it on the same line of the attempt log.
+        log=ChildLog(progress=_group(r"Step (\d+) \| loss:"),
+                     saved=_tune_epoch_step(r"Model checkpoint of size .* saved to \S*epoch_(\d+)/"),
+                     resumed=_tune_epoch_step(r"checkpoint_paths: \['\S*epoch_(\d+)/"),
+                     save_announced_before_write=True),  # out/recipe_state/recipe_state.pt is written after it
+        needs=(),  # torchtune lives in torchtune_setup.SITE, outside this interpreter's path: require() checks it
+        in_cluster_job=False,
     ),
     Stack(
         key="deepspeed", stack="DeepSpeed (ZeRO 1, `torchrun`)",

@@ -37,6 +37,14 @@ CRASH_TIMEOUT_S = 420  # two launches of a stack on a loaded 2-core machine
 def require(stack: Stack) -> None:
     """Skip a stack whose libraries are missing, saying how to install them; in CI (CI=true, as
     .ci/run sets it) a missing stack fails instead: a skipped stack there is a hole."""
+    if stack.key == "torchtune":
+        import torchtune_setup  # its own directory, which .ci/run fills (tests/realworld/SOURCES.md)
+
+        if not torchtune_setup.installed():
+            message = f"torchtune is not installed in {torchtune_setup.SITE} ({torchtune_setup.INSTALL})"
+            if os.environ.get("CI") == "true":
+                pytest.fail(message)
+            pytest.skip(message)
     for module in stack.needs:
         if importlib.util.find_spec(module) is None:
             if module in ("litgpt", "litdata"):
@@ -287,9 +295,10 @@ def test_segfault_from_outside_between_saves_resumes_from_the_newest_save(stack:
 # Every stack in ONE cluster job, for the cost of CI: one supervisor per stack, each in its own job
 # step (srun --overlap: the steps share the node's CPUs), each child frozen between two saves, then one
 # preemption for all of them and one requeue after which every stack resumes and finishes.
-# REALWORLD_CLUSTER_STACKS=nanogpt,accelerate narrows it (keys of stacks.py), should CI need the time.
+# REALWORLD_CLUSTER_STACKS=nanogpt,accelerate narrows it (keys of stacks.py), should CI need the time; by
+# default it runs every stack whose in_cluster_job is True.
 CLUSTER_STACKS = [s for s in STACKS if s.key in os.environ.get("REALWORLD_CLUSTER_STACKS", "").split(",")] \
-    if os.environ.get("REALWORLD_CLUSTER_STACKS") else list(STACKS)
+    if os.environ.get("REALWORLD_CLUSTER_STACKS") else [s for s in STACKS if s.in_cluster_job]
 
 
 def victim_script(placed: list[tuple[Stack, Path, Path]]) -> str:
