@@ -219,8 +219,9 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
     step_from = _step_rule_text(ctx)
     for done in activity.completed:
         path = str(done.path)
-        state.save_steps.saw(path, done.first_seen, parse_name(Path(path).name).epoch,
-                             reported_before_written(state, path, state.last_step))
+        if path not in state.save_steps.saves:  # the first sighting counts (SaveStepTimeline.saw)
+            state.save_steps.saw(path, done.first_seen, parse_name(Path(path).name).epoch,
+                                 reported_before_written(state, path, state.last_step))
         # The output's step when the save began (the training waits for a save; by the time the
         # watch sees it complete it may have moved on): the last source of a step.
         began = state.in_flight
@@ -238,7 +239,7 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
                              step_source=found.source, emit=not later)
         if later:
             state.awaiting_step.append(AwaitingStep(record, log_step, now))
-    if activity.in_flight and activity.path is not None:
+    if activity.in_flight and activity.path is not None and str(activity.path) not in state.save_steps.saves:
         state.save_steps.saw(str(activity.path), activity.since or now, parse_name(Path(activity.path).name).epoch,
                              reported_before_written(state, str(activity.path), state.last_step))
     settle_saves(ctx, state, now)
