@@ -124,3 +124,29 @@ def test_inotify_wakes_the_poll_when_a_save_begins_in_the_dir_or_a_new_step_dir(
     finally:
         events.close()
     assert events.changed() is False
+
+
+def test_more_numbered_dirs_than_it_walks_are_not_taken_for_saves_again_and_again(tmp_path: Path) -> None:
+    """torchtune keeps every out/epoch_<e>/: past the TRACKED_DIRS newest, an old directory the poll
+    did not walk used to drop out of the snapshot, come back as new at the next poll and be reported
+    as a save of the step the training was at (epoch_0 "saved" at step 97, again and again)."""
+    from supervisor.checkpoints.watch import TRACKED_DIRS
+
+    def save_epoch(epoch: int) -> None:
+        (tmp_path / f"epoch_{epoch}").mkdir()
+        (tmp_path / f"epoch_{epoch}" / "model-00001-of-00001.bin").write_bytes(b"w" * (100 + epoch))
+
+    watcher = DirWatcher(tmp_path)
+    watcher.poll(0.0)
+    completed: list[str] = []
+    now = 0.0
+    for epoch in range(TRACKED_DIRS + 4):
+        save_epoch(epoch)
+        for _ in range(4):  # several polls between two saves
+            now += 1.0
+            completed += [os.path.basename(c.path) for c in watcher.poll(now).completed]
+    assert completed == [f"epoch_{e}" for e in range(TRACKED_DIRS + 4)]  # each save once, none again
+    for _ in range(6):
+        now += 1.0
+        activity = watcher.poll(now)
+        assert not activity.in_flight and activity.completed == ()

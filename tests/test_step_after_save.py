@@ -154,3 +154,40 @@ def test_a_break_of_the_pairing_is_not_forgotten_when_its_line_leaves_the_window
     timeline.line(1001.0, 500, 1)
     after = timeline.after("epoch_1", 400, ended=True)
     assert after.step is None and "before a save of epoch 0" in after.reason
+
+
+def test_a_save_seen_late_is_not_given_the_steps_printed_after_it(tmp_path) -> None:
+    """A fast training (torchtune's recipe on a tiny model: a hundred steps a second) prints several
+    steps between writing out/epoch_0/ and the moment the watch sees it. The step the output had
+    reported then (12) is past the save's (10): the restart's first step 11 then looked like a
+    resume below the resume point and the audit stopped the run. The save's step is the one the
+    output had reported before its files were last written (their ctime, on the wall clock)."""
+    import os
+    from types import SimpleNamespace
+
+    from supervisor.run.saves import reported_before_written, written_at
+
+    save = tmp_path / "epoch_0"
+    save.mkdir()
+    (save / "model-00001-of-00001.bin").write_bytes(b"w" * 100)
+    (save / "tokenizer.model").write_bytes(b"t" * 10)
+    os.utime(save / "tokenizer.model", (1.0, 1.0))  # copied in with its old mtime kept (shutil.copy2)
+    written = written_at(str(save))
+    assert written is not None and written >= os.lstat(save / "model-00001-of-00001.bin").st_ctime
+    timeline = SaveStepTimeline()
+    # Step 10 read 5 ms after the files' ctime: the kernel's file clock lags by up to a tick.
+    for step, offset in ((8, -0.3), (9, -0.2), (10, 0.005), (11, 0.1), (12, 0.2)):
+        timeline.line(100.0 + step, step, None, wall=written + offset)
+    state = SimpleNamespace(save_steps=timeline)
+    assert reported_before_written(state, str(save), 12) == 10
+    assert reported_before_written(state, str(save), 9) == 9  # never raised: the lower of the two
+    # No line read by then, or none with a wall clock (a replay): the step when it was seen stands.
+    assert reported_before_written(SimpleNamespace(save_steps=SaveStepTimeline()), str(save), 12) == 12
+    bare = SaveStepTimeline()
+    bare.line(100.0, 10, None)
+    assert reported_before_written(SimpleNamespace(save_steps=bare), str(save), 12) == 12
+    # A file time a minute away from the supervisor's clock (a network filesystem's server, skewed):
+    # the two clocks say nothing of each other, so the step when the watch saw it stands.
+    assert reported_before_written(state, str(save), 12, now_wall=written + 60) == 12
+    assert reported_before_written(state, str(save), 12, now_wall=written - 60) == 12
+    assert reported_before_written(state, str(save), 12, now_wall=written + 1) == 10

@@ -171,6 +171,7 @@ class StepLine:
     at: float
     step: int
     epoch: int | None = None  # the one whole epoch the line names (supervisor/progress.py ``epoch_named``)
+    wall: float | None = None  # the wall clock (time.time()) when it was read: comparable with file times
 
 
 @dataclass(frozen=True)
@@ -251,10 +252,17 @@ class SaveStepTimeline:
     saves: dict[str, SaveSeen] = field(default_factory=dict)  # path -> when its writing was first seen
     broken: str | None = None  # why the output's lines cannot be paired with saves (sticky)
 
-    def line(self, at: float, step: int, epoch: int | None) -> None:
+    def line(self, at: float, step: int, epoch: int | None, wall: float | None = None) -> None:
         if len(self.lines) == self.lines.maxlen:
             self._check(self.lines[0])
-        self.lines.append(StepLine(at, step, epoch))
+        self.lines.append(StepLine(at, step, epoch, wall))
+
+    def reported_by(self, wall: float) -> int | None:
+        """The step of the newest line read by the wall-clock time ``wall`` (None: no line in the
+        window was read by then). Every line read by then was printed by then: for a save last
+        written at ``wall``, the step its training had reported before it, whenever the watch saw it."""
+        before = [ln.step for ln in self.lines if ln.wall is not None and ln.wall <= wall]
+        return before[-1] if before else None
 
     def saw(self, path: str, at: float, epoch: int | None, reported: int | None = None) -> None:
         """The watch saw the save at ``path`` being written (first sighting counts)."""

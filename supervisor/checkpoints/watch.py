@@ -167,11 +167,18 @@ class DirWatcher:
                     snaps[name] = _Snap(st.st_size, st.st_mtime_ns, st.st_ino)
             except OSError:
                 continue
-        for entry in self._dirs_to_walk(dirs):
+        walked = self._dirs_to_walk(dirs)
+        for entry in walked:
             snap, dir_temp = _dir_snap(entry.path)
             snaps[entry.name] = snap
             if dir_temp:
                 temps[f"{entry.name}/{dir_temp}"] = entry.name
+        # A known directory not walked this time (older than the TRACKED_DIRS newest) keeps the look it
+        # had: dropped, it would come back as new at the next poll, be walked, and be taken for a save.
+        known, seen = self._prev or {}, {entry.name for entry in walked}
+        for entry in dirs:
+            if entry.name not in seen and entry.name in known:
+                snaps[entry.name] = known[entry.name]
         return snaps, temps
 
     def _dirs_to_walk(self, dirs: list[os.DirEntry]) -> list[os.DirEntry]:

@@ -166,7 +166,20 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
     """Analyse up to LINES_PER_TICK queued output lines; returns how many there were."""
     lines = child.drain_lines(LINES_PER_TICK)
     resumable.observe_lines(ctx, state, lines)
-    for match in matches_worth_observing(lines, w.extractor.match, first_step_seen=state.first_step is not None):
+    # When each step line was read (wall clock), where the child handle keeps it: a save's step is
+    # the one reported before its files were written (saves.reported_before_written). The same text
+    # read twice keeps its later time, which can only lower that step.
+    read_times = getattr(child, "read_times", None)
+    read_at = dict(zip(lines, read_times)) if read_times and len(read_times) == len(lines) else {}
+    line_of: dict[int, str] = {}
+
+    def match_line(line: str) -> StepMatch | None:
+        found = w.extractor.match(line)
+        if found is not None and read_at:
+            line_of[id(found)] = line
+        return found
+
+    for match in matches_worth_observing(lines, match_line, first_step_seen=state.first_step is not None):
         if match.progress_only:
             if match.candidate is not None and w.bars.counts(match.shape, match.candidate, now):
                 observe_step(ctx, child, state, w, match.candidate, now, "regex")  # a line proven to count steps
@@ -174,7 +187,8 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
             if w.progress.observe_counter(match.value, now):  # activity, not the global step
                 ctx.stall.progress(now)
             continue
-        note_step_line(state, match.value, match.epoch, now)  # a save named by its epoch may be reported after
+        note_step_line(state, match.value, match.epoch, now,  # a save named by its epoch may be reported after
+                       read_at.get(line_of.get(id(match), "")))
         steps = (match.value,) if w.extractor.user else w.confirm.feed(match.shape, match.value)
         if not steps:
             w.progress.touch(now)  # a line not yet proven a progress line: activity only

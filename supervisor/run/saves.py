@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -112,10 +113,62 @@ def _emit_save_end(ctx: RunContext, state: AttemptState, record: SaveRecord, ste
              size=mark[0] if mark else None, mtime=mark[1] if mark else None, **extra)
 
 
-def note_step_line(state: AttemptState, step: int, epoch: int | None, now: float) -> None:
+def note_step_line(state: AttemptState, step: int, epoch: int | None, now: float,
+                   read_at: float | None = None) -> None:
     """An output line reported the global step (``epoch``: the whole epoch it names): kept for
-    the saves whose step the output reports after them."""
-    state.save_steps.line(now, step, epoch)
+    the saves whose step the output reports after them, and with the wall clock it was read at
+    (``read_at``; else now, later than it was read) for :func:`reported_before_written`."""
+    state.save_steps.line(now, step, epoch, read_at if read_at is not None else time.time())
+
+
+def written_at(path: str) -> float | None:
+    """When the save at ``path`` was last written: the newest ``st_ctime`` of its files (a file's
+    own, a directory's files'). ctime, not mtime: a file copied in with its old mtime kept
+    (``shutil.copy2``) still has the time of the copy. None: nothing could be read."""
+    newest: float | None = None
+    try:
+        if not os.path.isdir(path):
+            return os.lstat(path).st_ctime
+        for root, _dirs, files in os.walk(path):
+            for name in files:
+                try:
+                    ctime = os.lstat(os.path.join(root, name)).st_ctime
+                except OSError:
+                    continue
+                newest = ctime if newest is None else max(newest, ctime)
+    except OSError:
+        return None
+    return newest
+
+
+# A line read this long after a save's files were last written still counts as printed before it: the
+# kernel stamps files with a clock that lags by up to a tick (1-10 ms), and the reader thread stamps a
+# line when it wakes. A training prints its next step a whole step of work after a save.
+FILE_CLOCK_SLACK_S = 0.02
+
+
+# A save the watch reports as complete was last written moments ago, on this machine's clock. A file
+# time further from now than this (either way) was set by another clock (a network filesystem's
+# server, skewed): the two clocks cannot be compared, and the step when the watch saw it stands.
+FILE_CLOCK_AGREES_S = 30.0
+
+
+def reported_before_written(state: AttemptState, path: str, reported: int | None,
+                            now_wall: float | None = None) -> int | None:
+    """The step the output had reported when the save at ``path`` was written, a lower bound of its
+    step: ``reported`` (the step when the watch saw it) lowered to the step of the newest line read
+    before the save's files were last written (give or take ``FILE_CLOCK_SLACK_S``). A fast
+    training (tens of steps a second) prints several steps between the write and the moment the
+    watch sees it; those steps came after the save and must not be taken for its step (the resume
+    audit would then see the restart begin below the resume point)."""
+    wall = written_at(path)
+    now_wall = time.time() if now_wall is None else now_wall
+    if wall is None or abs(now_wall - wall) > FILE_CLOCK_AGREES_S:
+        return reported
+    before = state.save_steps.reported_by(wall + FILE_CLOCK_SLACK_S)
+    if before is None or (reported is not None and before >= reported):
+        return reported
+    return before
 
 
 def settle_saves(ctx: RunContext, state: AttemptState, now: float, *, ended: bool = False) -> None:
@@ -176,12 +229,15 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
     step_from = _step_rule_text(ctx)
     for done in activity.completed:
         path = str(done.path)
-        state.save_steps.saw(path, done.first_seen, parse_name(Path(path).name).epoch, state.last_step)
+        if path not in state.save_steps.saves:  # the first sighting counts (SaveStepTimeline.saw)
+            state.save_steps.saw(path, done.first_seen, parse_name(Path(path).name).epoch,
+                                 reported_before_written(state, path, state.last_step))
         # The output's step when the save began (the training waits for a save; by the time the
         # watch sees it complete it may have moved on): the last source of a step.
         began = state.in_flight
         log_step = began.step if began is not None and began.path == path and began.step is not None \
             else state.last_step
+        log_step = reported_before_written(state, path, log_step)
         found = step_of_saved(path, log_step, step_from)
         later = _reported_after(found, path, step_from)
         if later:
@@ -193,9 +249,9 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
                              step_source=found.source, emit=not later)
         if later:
             state.awaiting_step.append(AwaitingStep(record, log_step, now))
-    if activity.in_flight and activity.path is not None:
+    if activity.in_flight and activity.path is not None and str(activity.path) not in state.save_steps.saves:
         state.save_steps.saw(str(activity.path), activity.since or now, parse_name(Path(activity.path).name).epoch,
-                             state.last_step)
+                             reported_before_written(state, str(activity.path), state.last_step))
     settle_saves(ctx, state, now)
     if activity.in_flight and state.in_flight is None and not state.aborted_save:
         state.in_flight = InFlightSave(path=str(activity.path), step=state.last_step,

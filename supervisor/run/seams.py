@@ -119,6 +119,7 @@ class ProcessChild:
 
     def __init__(self, spec: ChildSpec) -> None:
         self._child = Child(spec)
+        self.read_times: list[float] = []  # of the lines the last drain_lines returned
         self._child.start()
 
     @property
@@ -137,17 +138,20 @@ class ProcessChild:
         return self._child.signal_group(sig)
 
     def drain_lines(self, max_lines: int) -> list[str]:
+        """The queued lines, oldest first; ``read_times`` then holds when each was read (wall clock)."""
         lines = self._child.lines
         drain = getattr(lines, "drain", None)
+        items: list[Any] = []
         if drain is not None:
-            return [item[-1] for item in drain(max_lines)]
-        out: list[str] = []
-        for _ in range(max_lines):
-            try:
-                out.append(lines.get_nowait()[-1])
-            except queue.Empty:
-                break
-        return out
+            items = drain(max_lines)
+        else:
+            for _ in range(max_lines):
+                try:
+                    items.append(lines.get_nowait())
+                except queue.Empty:
+                    break
+        self.read_times = [item[0] for item in items]
+        return [item[-1] for item in items]
 
     def tail_text(self) -> str:
         return self._child.tail.text()

@@ -60,6 +60,16 @@ def tiny_litgpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_torchtune(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What torchtune's recipe reads (``torchtune_setup.py``): a tokenizer, a tiny model, data, its config."""
+    root = tmp_path_factory.mktemp("tiny_torchtune")
+    res = subprocess.run([sys.executable, str(HERE / "torchtune_setup.py"), str(root)],
+                         capture_output=True, text=True, timeout=300, env={**_base_env(), **CHILD_ENV})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root
+
+
 def _base_env() -> dict[str, str]:
     import os
 
@@ -85,6 +95,8 @@ def make_workdir(tmp_path: Path, request: pytest.FixtureRequest):
             shutil.copytree(request.getfixturevalue("tiny_glue"), workdir, dirs_exist_ok=True)
         elif key == "litgpt":
             shutil.copytree(request.getfixturevalue("tiny_litgpt"), workdir, dirs_exist_ok=True)
+        elif key == "torchtune":
+            shutil.copytree(request.getfixturevalue("tiny_torchtune"), workdir, dirs_exist_ok=True)
         return workdir
 
     return make

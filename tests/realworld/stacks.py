@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from litgpt_setup import pretrain_command
+from torchtune_setup import CHECKPOINT_FILE, finetune_command
+from torchtune_setup import EPOCH_STEPS as TUNE_EPOCH_STEPS
+from torchtune_setup import EPOCHS as TUNE_EPOCHS
 
 PY = sys.executable
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -222,6 +225,17 @@ HF_TRAINER_LOG = ChildLog(progress=_group(r"^\s*\d+%\|[^|]*\|\s*(\d+)/\d+ \["), 
                           save_announced_before_write=True)
 
 
+def _tune_epoch_step(pattern: str) -> Callable[[str], int | None]:
+    """torchtune's recipe names its saves by epoch (``out/epoch_<e>/``, from 0) and saves after each epoch of
+    ``TUNE_EPOCH_STEPS`` steps: the save of epoch e is of step (e + 1) * TUNE_EPOCH_STEPS."""
+    rx = re.compile(pattern)
+
+    def read(line: str) -> int | None:
+        found = rx.search(line)
+        return (int(found.group(1)) + 1) * TUNE_EPOCH_STEPS if found else None
+    return read
+
+
 STACKS: tuple[Stack, ...] = (
     Stack(
         key="nanogpt", stack="plain PyTorch, nanoGPT conventions",
@@ -307,6 +321,23 @@ STACKS: tuple[Stack, ...] = (
                      resumed=_group(r"^Resuming training from \S*step-0*(\d+)/lit_model.pth"),
                      save_announced_before_write=True),
         needs=("litgpt", "litdata"),
+    ),
+    Stack(
+        key="torchtune", stack="plain PyTorch: torchtune full finetune",
+        script="torchtune's recipes/full_finetune_single_device.py of the installed torchtune (a public script, "
+               "unchanged), run as `tune run full_finetune_single_device`: out/epoch_<e>/ + out/recipe_state/",
+        save_interval=TUNE_EPOCH_STEPS, max_steps=TUNE_EPOCHS * TUNE_EPOCH_STEPS, checkpoint_dir="out",
+        resume_arg=f"resume_from_checkpoint=True checkpointer.checkpoint_files=[{{path}}/{CHECKPOINT_FILE}]",
+        path_is="the epoch_<e> directory (torchtune takes the weights in it, and its own out/recipe_state/)",
+        command=lambda w: finetune_command(PY),
+        # Its metric logger prints "Step N | loss:..." on stdout; its tqdm bar ("2|11|Loss: ...") on stderr
+        # may stand before it on the same line of the attempt log.
+        log=ChildLog(progress=_group(r"Step (\d+) \| loss:"),
+                     saved=_tune_epoch_step(r"Model checkpoint of size .* saved to \S*epoch_(\d+)/"),
+                     resumed=_tune_epoch_step(r"checkpoint_paths: \['\S*epoch_(\d+)/"),
+                     save_announced_before_write=True),  # out/recipe_state/recipe_state.pt is written after it
+        needs=(),  # torchtune lives in torchtune_setup.SITE, outside this interpreter's path: require() checks it
+        on_cluster=False,
     ),
     Stack(
         key="deepspeed", stack="DeepSpeed (ZeRO 1, `torchrun`)",

@@ -38,6 +38,14 @@ CRASH_TIMEOUT_S = 420  # two launches of a stack on a loaded 2-core machine
 def require(stack: Stack) -> None:
     """Skip a stack whose libraries are missing, saying how to install them; in CI (CI=true, as
     .ci/run sets it) a missing stack fails instead: a skipped stack there is a hole."""
+    if stack.key == "torchtune":
+        import torchtune_setup  # its own directory, which .ci/run fills (tests/realworld/SOURCES.md)
+
+        if not torchtune_setup.installed():
+            message = f"torchtune is not installed in {torchtune_setup.SITE} ({torchtune_setup.INSTALL})"
+            if os.environ.get("CI") == "true":
+                pytest.fail(message)
+            pytest.skip(message)
     for module in stack.needs:
         if importlib.util.find_spec(module) is None:
             if module in ("litgpt", "litdata"):
