@@ -273,7 +273,6 @@ STACKS: tuple[Stack, ...] = (
                            "--deepspeed", DS_CONFIG_FILE],
         log=HF_TRAINER_LOG,
         needs=("trl", "datasets", "deepspeed"),
-        on_cluster=False,  # not yet run in the cluster job (docs/realworld.md, Results)
     ),
     Stack(
         key="accelerate", stack="Accelerate",
@@ -337,7 +336,6 @@ STACKS: tuple[Stack, ...] = (
                      resumed=_tune_epoch_step(r"checkpoint_paths: \['\S*epoch_(\d+)/"),
                      save_announced_before_write=True),  # out/recipe_state/recipe_state.pt is written after it
         needs=(),  # torchtune lives in torchtune_setup.SITE, outside this interpreter's path: require() checks it
-        on_cluster=False,
     ),
     Stack(
         key="deepspeed", stack="DeepSpeed (ZeRO 1, `torchrun`)",
