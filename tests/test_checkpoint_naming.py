@@ -72,3 +72,24 @@ def test_temp_names_map_to_their_final_name() -> None:
 def test_nemo_marker_names() -> None:
     assert "step=100-unfinished" in unfinished_marker_names("step=100.ckpt")
     assert "step=100-unfinished" in unfinished_marker_names("step=100-EMA.ckpt")
+
+
+@pytest.mark.parametrize(
+    "name, index",
+    [
+        ("epoch_3", 3),
+        ("epoch=3.ckpt", 3),
+        ("tiny_run-1_epoch-12.pt", 12),  # MACE's checkpoint handler: <name>_run-<seed>_epoch-<N>.pt
+        ("model_epoch_3.pt", 3),
+        ("checkpoint-epoch5.pth", 5),
+        ("epoch=3-step=900.ckpt", None),  # a step in the name: never ordered by its epoch
+        ("step=900-epoch=3.ckpt", None),
+        ("tiny_run-1_epoch-12_swa.pt", None),
+        ("nepoch5.pt", None),
+    ],
+)
+def test_a_name_that_ends_with_its_epoch_orders_saves_and_is_no_step(name: str, index: int | None) -> None:
+    info = parse_name(name)
+    assert info.index == index
+    if index is not None:
+        assert (info.step, info.epoch, info.index_may_be_step) == (None, index, False)

@@ -170,3 +170,26 @@ def test_zero_code_with_checkpoints_outside_the_run_dir_is_warned_and_never_ok(t
     assert report.returncode == 1
     verdict = json.loads(report.stdout)["verdict"]
     assert verdict["ok"] is False and verdict["budget"] == "resume_audit"
+
+
+def test_the_first_save_says_its_step_came_from_the_log_when_it_did(tmp_path: Path) -> None:
+    """MACE: "Epoch N: head: ..." (read through --step-regex) and then tiny_run-1_epoch-N.pt, with no step
+    inside. The statement at the first save names where its step came from, the log, not "inside the
+    file" (what it said of any step that was not in the name)."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"model": {"w": torch.zeros(2)}, "optimizer": {"state": {}, "param_groups": []}}, buf)
+    lines = [(0.1 + 0.3 * e, "line", f"2026-12-02 15:11:18.437 INFO: Epoch {e}: head: Default, loss=1.0") for e in
+             range(4)]
+    writes = [(0.15 + 0.3 * e, "write", f"tiny_run-1_epoch-{e}.pt", buf.getvalue()) for e in range(4)]
+    child = ChildScript([*lines, *writes, (1.5, "exit", 0)])
+    runner, w = make(tmp_path, [child], sets=("resume_arg=--restart_latest", r"step_regex=Epoch (\d+): head:"))
+    assert runner.run().outcome is RunOutcome.COMPLETE
+    said = events_named(w["run_dir"], "resumability")
+    saved = [e for e in events_named(w["run_dir"], "save_end") if e["step"] is not None]
+    assert saved and said and said[0]["ok"] is True, said
+    assert said[0]["step_read"] == f"{saved[0]['step']} (from {saved[0]['step_source']})", (said, saved)
+    assert "inside the file" not in said[0]["step_read"]

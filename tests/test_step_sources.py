@@ -214,6 +214,28 @@ def test_an_epoch_is_never_a_step_even_outside_accelerate(tmp_path: Path) -> Non
     assert Path(find_resume_point(tmp_path, writers_alive=False).path).name == "epoch=4.ckpt"
 
 
+def test_mace_saves_named_by_their_epoch_are_resumed_from_the_newest(tmp_path: Path) -> None:
+    """MACE's checkpoint handler saves ``<name>_run-<seed>_epoch-<N>.pt`` (model, optimizer and scheduler
+    state, no step) and restarts from the newest by N. Those saves are ordered by their epoch (not
+    lexically: epoch-10 after epoch-9), so a fixed resume flag is appended; before, none of them was a
+    resume point ("carry no step number") and a crash restarted the training from scratch."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()  # Adam's per-parameter "step" counts its own steps: never read as the training's
+    for epoch in (2, 9, 10):
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "lr_scheduler": {"last_epoch": epoch}}, tmp_path / f"tiny_run-1_epoch-{epoch}.pt")
+    report = validate(tmp_path / "tiny_run-1_epoch-10.pt")
+    assert (report.step, report.index) == (None, 10)
+    result = find_resume_point(tmp_path, writers_alive=False)
+    assert (Path(result.path).name, result.step) == ("tiny_run-1_epoch-10.pt", None)
+    logged = {str(tmp_path / f"tiny_run-1_epoch-{e}.pt"): RecordedStep(e) for e in (2, 9, 10)}
+    result = find_resume_point(tmp_path, writers_alive=False, recorded_steps=logged)
+    assert (Path(result.path).name, result.step, result.event_fields()["step_source"]) == \
+        ("tiny_run-1_epoch-10.pt", 10, "log")
+
+
 def test_the_watch_sees_an_epoch_save_land(tmp_path: Path) -> None:
     from supervisor.checkpoints.watch import DirWatcher
 

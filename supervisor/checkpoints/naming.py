@@ -73,7 +73,9 @@ _INDEX_NAME = re.compile(r"^checkpoint_([0-9]+)$", re.ASCII)
 # A checkpoint named by its epoch alone (``epoch_3/``: Accelerate's save_state once per epoch, as in its
 # examples and its test_checkpointing.py; ``epoch_3.pt``): the number counts epochs, so it orders the
 # saves like a save index and is never a step (a name that also has a step, ``epoch=3-step=900``, is not one).
-_EPOCH_NAME = re.compile(r"^epochs?[-_=]?([0-9]+)$", _FLAGS)
+# So is a name that ends with its epoch and carries no step: MACE's ``<name>_run-<seed>_epoch-<N>.pt``,
+# ``model_epoch_3.pt``, ``checkpoint-epoch5.pth``.
+_EPOCH_NAME = re.compile(r"(?:^|[-_.])epochs?[-_=]?([0-9]+)$", _FLAGS)
 _EPOCH = re.compile(_SEP + r"epochs?[=_-]?" + _NUM, _FLAGS)
 _VERSION = re.compile(r"-v([0-9]+)$", re.ASCII)  # Lightning's name-collision counter: last-v1, step=9-v2
 _LAST = re.compile(r"^(?:last|latest)(?:-v[0-9]+)?$|[-_]last$", _FLAGS)
@@ -95,7 +97,7 @@ class NameInfo:
     @property
     def index_may_be_step(self) -> bool:
         """``checkpoint_<N>`` that Accelerate did not write names step N; an epoch never does."""
-        return self.index is not None and _EPOCH_NAME.match(self.stem) is None
+        return self.index is not None and _EPOCH_NAME.search(self.stem) is None
 
 
 def strip_suffix(name: str) -> str:
@@ -146,7 +148,9 @@ def save_index_from_name(name: str) -> int | None:
     an epoch alone (``epoch_3`` -> 3), else None. Such a name carries no step (:func:`step_from_name`
     says None for it)."""
     name = aside_original(name) or name
-    found = _INDEX_NAME.match(name) or _EPOCH_NAME.match(strip_suffix(name))
+    found = _INDEX_NAME.match(name)
+    if found is None and step_from_name(name) is None:
+        found = _EPOCH_NAME.search(strip_suffix(name))
     return _bounded_int(found.group(1)) if found else None
 
 

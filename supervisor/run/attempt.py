@@ -24,6 +24,7 @@ class SaveRecord:
     ok: bool
     source: str
     at: float  # when the save ended
+    step_source: str | None = None  # where ``step`` came from (name, key ..., log, log after the save, client)
 
 
 @dataclass

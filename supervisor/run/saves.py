@@ -100,6 +100,7 @@ def record_save(ctx: RunContext, state: AttemptState, step: Any, path: str, nbyt
     state.in_flight = None
     if step_source is None and step_i is not None:
         step_source = source  # the client said it
+    record.step_source = step_source if step_i is not None else None
     if emit:
         _emit_save_end(ctx, state, record, step_source)
     return record
@@ -185,7 +186,7 @@ def settle_saves(ctx: RunContext, state: AttemptState, now: float, *, ended: boo
             continue
         reason = after.reason if after.settled else f"no step line within {AFTER_SAVE_WAIT_S:.0f} s of the save"
         choice = step_of_saved(path, item.log_at_start, step_from, after.step)
-        item.record.step = choice.step
+        item.record.step, item.record.step_source = choice.step, choice.source
         note = reason if choice.source == LOG_AFTER_SAVE else (
             f"{choice.reason}; not from the output after the save: {reason}"
             + (" (a lower bound: the step it had printed when the save began)" if choice.source == "log" else ""))

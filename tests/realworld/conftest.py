@@ -70,6 +70,16 @@ def tiny_torchtune(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_mace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What MACE's run_train reads (``mace_setup.py``): ``train.xyz``, random molecules with energies and forces."""
+    root = tmp_path_factory.mktemp("tiny_mace")
+    res = subprocess.run([sys.executable, str(HERE / "mace_setup.py"), str(root)],
+                         capture_output=True, text=True, timeout=300, env={**_base_env(), **CHILD_ENV})
+    assert res.returncode == 0, res.stderr[-3000:]
+    return root
+
+
 def _base_env() -> dict[str, str]:
     import os
 
@@ -97,6 +107,8 @@ def make_workdir(tmp_path: Path, request: pytest.FixtureRequest):
             shutil.copytree(request.getfixturevalue("tiny_litgpt"), workdir, dirs_exist_ok=True)
         elif key == "torchtune":
             shutil.copytree(request.getfixturevalue("tiny_torchtune"), workdir, dirs_exist_ok=True)
+        elif key == "mace":
+            shutil.copytree(request.getfixturevalue("tiny_mace"), workdir, dirs_exist_ok=True)
         return workdir
 
     return make

@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from litgpt_setup import pretrain_command
+from mace_setup import CHECKPOINT_DIR as MACE_CHECKPOINT_DIR
+from mace_setup import CHECKPOINT_PREFIX as MACE_CHECKPOINT_PREFIX
+from mace_setup import EPOCHS as MACE_EPOCHS
+from mace_setup import train_command as mace_train_command
 from torchtune_setup import CHECKPOINT_FILE, finetune_command
 from torchtune_setup import EPOCH_STEPS as TUNE_EPOCH_STEPS
 from torchtune_setup import EPOCHS as TUNE_EPOCHS
@@ -132,9 +136,12 @@ class Stack:
     between_saves: Callable[[Path, int], bool] | None = None
     # In the one cluster preemption job by default (test_realworld.py; REALWORLD_CLUSTER_STACKS names any stack).
     on_cluster: bool = True
+    # For a script whose output names no step the supervisor reads by itself: the --step-regex it needs.
+    step_regex: str | None = None
 
     def supervise_flags(self, workdir: Path) -> list[str]:
-        return ["--checkpoint-dir", str(workdir / self.checkpoint_dir), f"--resume-arg={self.resume_arg}"]
+        flags = ["--checkpoint-dir", str(workdir / self.checkpoint_dir), f"--resume-arg={self.resume_arg}"]
+        return flags + ([f"--step-regex={self.step_regex}"] if self.step_regex else [])
 
 
 # The public script the HF Trainer stack runs, as the pinned trl ships it (SOURCES.md).
@@ -234,6 +241,26 @@ def _tune_epoch_step(pattern: str) -> Callable[[str], int | None]:
         found = rx.search(line)
         return (int(found.group(1)) + 1) * TUNE_EPOCH_STEPS if found else None
     return read
+
+
+def _mace_save_whole(checkpoint_dir: Path, epoch: int) -> bool:
+    """MACE prints "Epoch N: head: ..." and then saves checkpoints/<name>_run-<seed>_epoch-<N>.pt with
+    torch.save, in place: with the training stopped, its save of epoch N is finished once that file
+    is a whole zip (torch.save writes the zip's directory last). Its next save comes after the next
+    epoch line."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(checkpoint_dir / f"{MACE_CHECKPOINT_PREFIX}{epoch}.pt"):
+            return True
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+# What MACE's run_train prints through its logger: "2026-12-02 15:11:18.437 INFO: Epoch 7: head: Default,
+# loss=..." after each epoch's evaluation; after a restart, "Loading checkpoint: ./checkpoints/..._epoch-7.pt"
+# (it then trains epoch 7 again: MACE starts at the epoch of the checkpoint it loaded).
+MACE_EPOCH_LINE = r"Epoch (\d+): head:"
 
 
 STACKS: tuple[Stack, ...] = (
@@ -336,6 +363,20 @@ STACKS: tuple[Stack, ...] = (
                      resumed=_tune_epoch_step(r"checkpoint_paths: \['\S*epoch_(\d+)/"),
                      save_announced_before_write=True),  # out/recipe_state/recipe_state.pt is written after it
         needs=(),  # torchtune lives in torchtune_setup.SITE, outside this interpreter's path: require() checks it
+    ),
+    Stack(
+        key="mace", stack="plain PyTorch: MACE's training command line",
+        script="MACE's mace/cli/run_train.py of the installed mace-torch (a public script, unchanged), run as "
+               "`python -m mace.cli.run_train`: checkpoints/<name>_run-<seed>_epoch-<N>.pt after every epoch",
+        save_interval=1, max_steps=MACE_EPOCHS - 1, checkpoint_dir=MACE_CHECKPOINT_DIR,
+        resume_arg="--restart_latest", path_is="not used: MACE loads its newest checkpoint itself",
+        command=lambda w: mace_train_command(PY),
+        # The epoch line comes just before the save of that epoch; the fault is placed only once that save's
+        # file is whole (between_saves), so the newest epoch line read then names a finished save.
+        log=ChildLog(progress=_group(MACE_EPOCH_LINE), saved=_group(MACE_EPOCH_LINE),
+                     resumed=_group(r"Loading checkpoint: \S*_epoch-(\d+)\.pt")),
+        needs=(),  # mace-torch lives in mace_setup.SITE, outside this interpreter's path: require() checks it
+        between_saves=_mace_save_whole, on_cluster=False, step_regex=MACE_EPOCH_LINE,
     ),
     Stack(
         key="deepspeed", stack="DeepSpeed (ZeRO 1, `torchrun`)",

@@ -14,6 +14,7 @@ steps (``supervise report --json``).
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import json
 import os
@@ -38,11 +39,11 @@ CRASH_TIMEOUT_S = 420  # two launches of a stack on a loaded 2-core machine
 def require(stack: Stack) -> None:
     """Skip a stack whose libraries are missing, saying how to install them; in CI (CI=true, as
     .ci/run sets it) a missing stack fails instead: a skipped stack there is a hole."""
-    if stack.key == "torchtune":
-        import torchtune_setup  # its own directory, which .ci/run fills (tests/realworld/SOURCES.md)
-
-        if not torchtune_setup.installed():
-            message = f"torchtune is not installed in {torchtune_setup.SITE} ({torchtune_setup.INSTALL})"
+    if stack.key in ("torchtune", "mace"):
+        # each in its own directory, which .ci/run fills (tests/realworld/SOURCES.md)
+        setup = importlib.import_module(f"{stack.key}_setup")
+        if not setup.installed():
+            message = f"{stack.key} is not installed in {setup.SITE} ({setup.INSTALL})"
             if os.environ.get("CI") == "true":
                 pytest.fail(message)
             pytest.skip(message)
