@@ -376,7 +376,7 @@ STACKS: tuple[Stack, ...] = (
         log=ChildLog(progress=_group(MACE_EPOCH_LINE), saved=_group(MACE_EPOCH_LINE),
                      resumed=_group(r"Loading checkpoint: \S*_epoch-(\d+)\.pt")),
         needs=(),  # mace-torch lives in mace_setup.SITE, outside this interpreter's path: require() checks it
-        between_saves=_mace_save_whole, on_cluster=False, step_regex=MACE_EPOCH_LINE,
+        between_saves=_mace_save_whole, step_regex=MACE_EPOCH_LINE,
     ),
     Stack(
         key="deepspeed", stack="DeepSpeed (ZeRO 1, `torchrun`)",
