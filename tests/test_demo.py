@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,26 @@ import pytest
 pytest.importorskip("torch")
 
 
+def run_or_show(argv: list[str], timeout: float, cwd: Path, run_dir: Path) -> subprocess.CompletedProcess[str]:
+    """Run the demo; past ``timeout``, fail with what it printed and the events it logged (a bare
+    TimeoutExpired says nothing of where it was)."""
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+                          start_new_session=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            log = run_dir / "supervisor" / "events.jsonl"
+            events = log.read_text().splitlines()[-15:] if log.exists() else []
+            pytest.fail(f"the demo did not end in {timeout:.0f} s; its output:\n{out[-3000:]}\nlast events:\n"
+                        + "\n".join(events))
+    return subprocess.CompletedProcess(argv, proc.returncode, out, "")
+
+
 def test_demo_shows_restart_emergency_save_requeue_quarantine_and_resume(tmp_path: Path) -> None:
     run_dir = tmp_path / "demo"
-    res = subprocess.run([sys.executable, "-m", "supervisor", "demo", "--run-dir", str(run_dir)],
-                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    res = run_or_show([sys.executable, "-m", "supervisor", "demo", "--run-dir", str(run_dir)], 300, tmp_path, run_dir)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-3000:]
     events = [json.loads(line) for line in (run_dir / "supervisor" / "events.jsonl").read_text().splitlines()]

@@ -1,8 +1,8 @@
 """The README's sbatch example, submitted as written on the two-node test cluster.
 
 What is changed, and why: ``--gpus-per-node`` is dropped (the test cluster has no GPUs), the time
-limit and the warning are shortened (``--time=2``, ``--signal=B:USR1@90``) so a warning comes in
-seconds instead of a day, ``$SCRATCH`` is the test's directory, and ``python train.py --lr 3e-4`` is
+limit and the warning are shortened (``--time=3`` or ``--time=2``, ``--signal=B:USR1@90``) so a
+warning comes in about 90 or 30 s instead of a day, ``$SCRATCH`` is the test's directory, and ``python train.py --lr 3e-4`` is
 a training that really runs here. Everything else, the ``exec srun supervise run`` line included,
 is the README's text: the layout that once let the USR1 kill the batch shell before any save.
 
@@ -37,12 +37,12 @@ def readme_sbatch() -> str:
     return match.group(1)
 
 
-def as_test_job(example: str, scratch: Path, command: str, env: dict[str, str]) -> str:
+def as_test_job(example: str, scratch: Path, command: str, env: dict[str, str], minutes: int = 2) -> str:
     """The example with only the changes the module docstring lists."""
     lines = []
     for line in example.splitlines():
         if line.startswith("#SBATCH"):
-            line = line.replace(" --gpus-per-node=1", "").replace("--time=1-00:00:00", "--time=2")
+            line = line.replace(" --gpus-per-node=1", "").replace("--time=1-00:00:00", f"--time={minutes}")
             line = line.replace("--signal=B:USR1@120", "--signal=B:USR1@90")
         lines.append(line)
     body = "\n".join(lines)
@@ -82,8 +82,10 @@ def wait_finished(cluster, job: int, timeout: float):
 def test_readme_example_saves_at_the_warning_and_every_requeue_resumes_from_it(slurm_cluster, slurm_job_dir):
     scratch = slurm_job_dir
     plain = Path(REPO) / "examples" / "train_plain.py"
-    script = as_test_job(readme_sbatch(), scratch, f"{PY} {plain} --steps 900 --step-time 0.05 --save-every 500",
-                         {"PATH": f"{Path(PY).parent}:$PATH"})
+    # Runs of about 90 s (3 min, the warning 90 s before the end): with 30 s runs, a heavily loaded
+    # machine spent most of each run starting up, and the job was requeued 14 times in 420 s.
+    script = as_test_job(readme_sbatch(), scratch, f"{PY} {plain} --steps 2000 --step-time 0.05 --save-every 1500",
+                         {"PATH": f"{Path(PY).parent}:$PATH"}, minutes=3)
     job = slurm_cluster.sbatch(script, "-D", str(scratch))
     info = wait_finished(slurm_cluster, job, timeout=420)
     run_dir = scratch / "runs" / "exp1"
