@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..checkpoints import DirWatcher
 from ..checkpoints.watch import DirEvents
@@ -38,6 +38,7 @@ log = logging.getLogger("supervisor.run")
 
 TICK = 0.05  # seconds between monitor passes; signals and exits wake the loop sooner
 LINES_PER_TICK = 5000
+Line = TypeVar("Line")  # what matches_worth_observing reads: a line, or its position in the tick
 JOB_RECORD_REFRESH = 60.0  # seconds between background reads of the job record
 LOCK_CHECK_EVERY = 5.0  # seconds between checks that the run lock is still ours
 MAX_PEERS = 4096  # clients and nodes remembered per attempt (both come from authenticated datagrams)
@@ -167,19 +168,20 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
     lines = child.drain_lines(LINES_PER_TICK)
     resumable.observe_lines(ctx, state, lines)
     # When each step line was read (wall clock), where the child handle keeps it: a save's step is
-    # the one reported before its files were written (saves.reported_before_written). The same text
-    # read twice keeps its later time, which can only lower that step.
+    # the one reported before its files were written (saves.reported_before_written). The lines are
+    # matched by position, so only the few matches kept are looked up, not every line of the tick.
     read_times = getattr(child, "read_times", None)
-    read_at = dict(zip(lines, read_times)) if read_times and len(read_times) == len(lines) else {}
-    line_of: dict[int, str] = {}
+    if not (read_times and len(read_times) == len(lines)):
+        read_times = None
+    position_of: dict[int, int] = {}
 
-    def match_line(line: str) -> StepMatch | None:
-        found = w.extractor.match(line)
-        if found is not None and read_at:
-            line_of[id(found)] = line
+    def match_at(i: int) -> StepMatch | None:
+        found = w.extractor.match(lines[i])
+        if found is not None and read_times is not None:
+            position_of[id(found)] = i
         return found
 
-    for match in matches_worth_observing(lines, match_line, first_step_seen=state.first_step is not None):
+    for match in matches_worth_observing(range(len(lines)), match_at, first_step_seen=state.first_step is not None):
         if match.progress_only:
             if match.candidate is not None and w.bars.counts(match.shape, match.candidate, now):
                 observe_step(ctx, child, state, w, match.candidate, now, "regex")  # a line proven to count steps
@@ -187,8 +189,9 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
             if w.progress.observe_counter(match.value, now):  # activity, not the global step
                 ctx.stall.progress(now)
             continue
+        at = position_of.get(id(match))
         note_step_line(state, match.value, match.epoch, now,  # a save named by its epoch may be reported after
-                       read_at.get(line_of.get(id(match), "")))
+                       read_times[at] if read_times is not None and at is not None else None)
         steps = (match.value,) if w.extractor.user else w.confirm.feed(match.shape, match.value)
         if not steps:
             w.progress.touch(now)  # a line not yet proven a progress line: activity only
@@ -197,7 +200,7 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
     return len(lines)
 
 
-def matches_worth_observing(lines: list[str], match: Callable[[str], StepMatch | None], *,
+def matches_worth_observing(lines: Sequence[Line], match: Callable[[Line], StepMatch | None], *,
                             first_step_seen: bool) -> list[StepMatch]:
     """The step matches of one tick's lines that change what the loop knows, oldest first.
 

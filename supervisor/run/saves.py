@@ -28,6 +28,7 @@ from ..checkpoints import DirWatcher
 from ..checkpoints.naming import has_checkpoint_suffix, parse_name, step_from_name
 from ..checkpoints.stepsource import (
     LOG_AFTER_SAVE,
+    SaveStepTimeline,
     StepChoice,
     StepEvidence,
     choose_step,
@@ -162,11 +163,17 @@ def reported_before_written(state: AttemptState, path: str, reported: int | None
     training (tens of steps a second) prints several steps between the write and the moment the
     watch sees it; those steps came after the save and must not be taken for its step (the resume
     audit would then see the restart begin below the resume point)."""
-    wall = written_at(path)
-    now_wall = time.time() if now_wall is None else now_wall
-    if wall is None or abs(now_wall - wall) > FILE_CLOCK_AGREES_S:
+    return step_before_write(state.save_steps, written_at(path), reported,
+                             time.time() if now_wall is None else now_wall)
+
+
+def step_before_write(timeline: SaveStepTimeline, written: float | None, reported: int | None,
+                      now_wall: float) -> int | None:
+    """:func:`reported_before_written` once the save's write time (``written``, wall clock; None:
+    unknown) is read. Pure."""
+    if written is None or abs(now_wall - written) > FILE_CLOCK_AGREES_S:
         return reported
-    before = state.save_steps.reported_by(wall + FILE_CLOCK_SLACK_S)
+    before = timeline.reported_by(written + FILE_CLOCK_SLACK_S)
     if before is None or (reported is not None and before >= reported):
         return reported
     return before
@@ -230,15 +237,16 @@ def watch_saves(ctx: RunContext, watcher: DirWatcher, state: AttemptState, now: 
     step_from = _step_rule_text(ctx)
     for done in activity.completed:
         path = str(done.path)
+        written, now_wall = written_at(path), time.time()  # one walk of the save's files
         if path not in state.save_steps.saves:  # the first sighting counts (SaveStepTimeline.saw)
             state.save_steps.saw(path, done.first_seen, parse_name(Path(path).name).epoch,
-                                 reported_before_written(state, path, state.last_step))
+                                 step_before_write(state.save_steps, written, state.last_step, now_wall))
         # The output's step when the save began (the training waits for a save; by the time the
         # watch sees it complete it may have moved on): the last source of a step.
         began = state.in_flight
         log_step = began.step if began is not None and began.path == path and began.step is not None \
             else state.last_step
-        log_step = reported_before_written(state, path, log_step)
+        log_step = step_before_write(state.save_steps, written, log_step, now_wall)
         found = step_of_saved(path, log_step, step_from)
         later = _reported_after(found, path, step_from)
         if later:
