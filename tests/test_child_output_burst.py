@@ -139,17 +139,17 @@ def test_of_a_burst_the_loop_observes_every_step_until_the_first_then_the_newest
         kind, _, n = line.partition(" ")
         return StepMatch(int(n), kind == "c", "test") if kind in ("s", "c") else None
 
-    def seen(lines: list[str], first_step_seen: bool) -> list[tuple[int, bool]]:
+    def seen(lines: list[str], every_match: bool) -> list[tuple[int, bool]]:
         return [(m.value, m.progress_only) for m in matches_worth_observing(lines, match,
-                                                                            first_step_seen=first_step_seen)]
+                                                                            every_match=every_match)]
 
     burst = ["noise", "c 1", "s 7", "noise", "c 2", "s 8", "s 9", "c 3", "noise"]
-    # until the first step is proven, every reading in order (the resume audit's first step)
-    assert seen(burst, first_step_seen=False) == [(1, True), (7, False), (2, True), (8, False), (9, False), (3, True)]
-    assert seen(burst, first_step_seen=True) == [(3, True), (9, False)]
-    assert seen(["noise", "c 4", "noise", "c 5"], first_step_seen=True) == [(5, True)]
-    assert seen(["s 5", "s 6"], first_step_seen=False) == [(5, False), (6, False)]
-    assert seen([f"s {2 ** 60}", "noise"], first_step_seen=True) == []  # out of range: not a step
+    # until the first step is known and a progress line proven, every reading in order (the resume audit's first step)
+    assert seen(burst, every_match=True) == [(1, True), (7, False), (2, True), (8, False), (9, False), (3, True)]
+    assert seen(burst, every_match=False) == [(3, True), (9, False)]
+    assert seen(["noise", "c 4", "noise", "c 5"], every_match=False) == [(5, True)]
+    assert seen(["s 5", "s 6"], every_match=True) == [(5, False), (6, False)]
+    assert seen([f"s {2 ** 60}", "noise"], every_match=False) == []  # out of range: not a step
 
 
 def test_a_resumed_attempt_s_first_step_is_where_it_resumed_however_its_lines_fall_into_ticks() -> None:
@@ -164,7 +164,7 @@ def test_a_resumed_attempt_s_first_step_is_where_it_resumed_however_its_lines_fa
     for cut in range(1, len(lines)):  # every way of splitting the output into two ticks
         confirm, counted = StepConfirmer(), []
         for tick in (lines[:cut], lines[cut:]):
-            for m in matches_worth_observing(tick, extractor.match, first_step_seen=bool(counted)):
+            for m in matches_worth_observing(tick, extractor.match, every_match=not counted):
                 if not m.progress_only:
                     counted.extend(confirm.feed(m.shape, m.value))
         assert counted and counted[0] in (20, 21), (cut, counted)
@@ -234,3 +234,41 @@ def test_the_bulk_splitter_gives_the_lines_of_the_line_by_line_reading_whatever_
         assert child.line_stats.cut == cut
 
     check()
+
+
+HANG_AFTER_A_BURST = """
+import json, sys, time
+from pathlib import Path
+from supervisor import client
+
+if client.attempt() != 1:
+    sys.exit(0)  # the restart after the stall ends the run
+client.heartbeat(1)  # the first step, from the client: it proves no output line
+events = Path(sys.argv[1]) / "supervisor" / "events.jsonl"
+deadline = time.monotonic() + 60
+def progress_seen():
+    return any(json.loads(line).get("event") == "progress" for line in events.read_text().splitlines() if line)
+while time.monotonic() < deadline and not progress_seen():
+    time.sleep(0.05)  # the supervisor has taken step 1 from the client before any line is printed
+# One write: the whole burst lands in one tick of the run loop, then the training hangs.
+sys.stdout.write("".join(f"step {i} loss 0.5\\n" for i in range(1, 16)) + "hanging at step 15\\n")
+sys.stdout.flush()
+time.sleep(3600)
+"""
+
+
+def test_a_burst_printed_after_the_client_s_first_step_moves_the_step_before_a_hang(tmp_path: Path) -> None:
+    """The client reports step 1, then the training prints steps 1-15 in one write and hangs. The
+    stall must say step 15: every line of that tick is read, so the step lines prove themselves
+    (read newest first, only "hanging at step 15" was seen, an unproven line, and the stall said
+    step 1; on a loaded machine the example training's stall test saw exactly that)."""
+    from helpers import events_named, run_supervise
+
+    run_dir = tmp_path / "run"
+    script = tmp_path / "hang_after_a_burst.py"
+    script.write_text(HANG_AFTER_A_BURST)
+    res = run_supervise(["run", "--run-dir", str(run_dir), "--stall-timeout", "3",
+                         "--set", "policy.hang.backoff=0.1", "--", sys.executable, str(script), str(run_dir)])
+    assert res.returncode == 0, res.stderr[-3000:]
+    stall = events_named(run_dir, "stall")
+    assert stall and stall[0]["last_step"] == 15, (stall, res.stderr[-2000:])

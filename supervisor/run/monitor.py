@@ -181,7 +181,12 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
             position_of[id(found)] = i
         return found
 
-    for match in matches_worth_observing(range(len(lines)), match_at, first_step_seen=state.first_step is not None):
+    # Every match counts until the first step is known and the output has proven a progress line:
+    # a first step the client reported proves no line, and a tick holding a whole burst ("step 1
+    # loss" ... "step 15 loss", "hanging at step 15") read newest first would feed the confirmer one
+    # unproven line per tick, so the printed steps would never count.
+    every_match = state.first_step is None or not (w.extractor.user or w.confirm.confirmed)
+    for match in matches_worth_observing(range(len(lines)), match_at, every_match=every_match):
         if match.progress_only:
             if match.candidate is not None and w.bars.counts(match.shape, match.candidate, now):
                 observe_step(ctx, child, state, w, match.candidate, now, "regex")  # a line proven to count steps
@@ -201,18 +206,20 @@ def drain_lines(ctx: RunContext, child: Any, state: AttemptState, w: Watch, now:
 
 
 def matches_worth_observing(lines: Sequence[Line], match: Callable[[Line], StepMatch | None], *,
-                            first_step_seen: bool) -> list[StepMatch]:
+                            every_match: bool) -> list[StepMatch]:
     """The step matches of one tick's lines that change what the loop knows, oldest first.
 
-    Every line of a tick is observed at the same moment, so once the attempt's first step is known,
-    of a burst only the newest global step and the newest progress-only counter matter (the rate
-    needs one sample per moment, the stall watch one sign of progress): the lines are read newest
-    first and reading stops at the newest global step. A chatty training printing hundreds of
+    Every line of a tick is observed at the same moment, so once the attempt's first step is known
+    and a progress line proven, of a burst only the newest global step and the newest progress-only
+    counter matter (the rate needs one sample per moment, the stall watch one sign of progress):
+    the lines are read newest first and reading stops at the newest global step. A chatty training printing hundreds of
     thousands of lines a second then costs one match per tick instead of thousands. Until the first
     step is known (proven by a second reading of its line, ``progress.StepConfirmer``) every match is
     kept in order: the resume audit compares that first step, and skipping lines there would make a
-    later step look like the start ("started at 25, past the resume point 20")."""
-    if not first_step_seen:
+    later step look like the start ("started at 25, past the resume point 20"); and until a progress
+    line has proven itself, every match is kept too, or a burst would never prove one (the caller
+    decides: ``every_match``)."""
+    if every_match:
         return [m for m in (_in_range(match(line)) for line in lines) if m is not None]
     counter: StepMatch | None = None  # the newest progress-only counter seen
     for line in reversed(lines):
