@@ -212,8 +212,8 @@ def matches_worth_observing(lines: Sequence[Line], match: Callable[[Line], StepM
     Every line of a tick is observed at the same moment, so once the attempt's first step is known
     and a progress line proven, of a burst only the newest global step and the newest progress-only
     counter matter (the rate needs one sample per moment, the stall watch one sign of progress):
-    the lines are read newest first and reading stops at the newest global step. A chatty training printing hundreds of
-    thousands of lines a second then costs one match per tick instead of thousands. Until the first
+    the lines are read newest first and reading stops at the newest global step. A chatty training
+    printing hundreds of thousands of lines a second then costs one match per tick, not thousands. Until the first
     step is known (proven by a second reading of its line, ``progress.StepConfirmer``) every match is
     kept in order: the resume audit compares that first step, and skipping lines there would make a
     later step look like the start ("started at 25, past the resume point 20"); and until a progress
