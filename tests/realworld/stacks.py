@@ -7,6 +7,7 @@ own opinion of the run.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from collections.abc import Callable
@@ -219,10 +220,15 @@ def _resumed_step(line: str) -> int | None:
 
 
 def _epoch_save_settled(checkpoint_dir: Path, step: int) -> bool:
-    """The line of step S came after the save of epoch S/10 - 1: its state_<e>.json is written (the
-    resume reads it) and epoch_<e+1>/ is not begun."""
+    """The line of step S came after the save of epoch S/10 - 1: its state_<e>.json is whole (the
+    resume reads it; the script writes it with a plain open and json.dump after printing the line,
+    so a file that merely exists may still be empty or cut) and epoch_<e+1>/ is not begun."""
     epoch = step // EPOCH_STEPS - 1
-    return (checkpoint_dir / f"state_{epoch}.json").is_file() and not (checkpoint_dir / f"epoch_{epoch + 1}").exists()
+    try:
+        state = json.loads((checkpoint_dir / f"state_{epoch}.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return state.get("step") == step and not (checkpoint_dir / f"epoch_{epoch + 1}").exists()
 
 
 # What HF Trainer prints (the sft.py rows, with or without DeepSpeed).
