@@ -362,9 +362,10 @@ STACKS: tuple[Stack, ...] = (
         resume_arg=f"resume_from_checkpoint=True checkpointer.checkpoint_files=[{{path}}/{CHECKPOINT_FILE}]",
         path_is="the epoch_<e> directory (torchtune takes the weights in it, and its own out/recipe_state/)",
         command=lambda w: finetune_command(PY),
-        # Its metric logger prints "Step N | loss:..." on stdout; its tqdm bar ("2|11|Loss: ...") on stderr
-        # may stand before it on the same line of the attempt log.
-        log=ChildLog(progress=_group(r"Step (\d+) \| loss:"),
+        # Its metric logger prints "Step N | loss:..." on stdout, as one print per field ("Step N | " first);
+        # its tqdm bar ("2|11|Loss: ...") on stderr may stand before it on the same line of the attempt log,
+        # or between "Step N | " and "loss:" (seen under load: the last step's line was cut in two that way).
+        log=ChildLog(progress=_group(r"Step (\d+) \| "),
                      saved=_tune_epoch_step(r"Model checkpoint of size .* saved to \S*epoch_(\d+)/"),
                      resumed=_tune_epoch_step(r"checkpoint_paths: \['\S*epoch_(\d+)/"),
                      save_announced_before_write=True),  # out/recipe_state/recipe_state.pt is written after it
