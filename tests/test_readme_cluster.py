@@ -64,9 +64,11 @@ def assert_run_logged(run_dir: Path, scratch: Path, info) -> None:
         f"the job ended but the supervisor left no event log: {info}\n{job_output(scratch)}"
 
 
-def wait_finished(cluster, job: int, timeout: float):
+def wait_finished(cluster, job: int, timeout: float, run_dir: Path | None = None):
     """The job's record once it has ended for good (a requeue passes through pending states, and
-    a requeued job waits out a BeginTime: the same final state twice, 15 s apart)."""
+    a requeued job waits out a BeginTime: the same final state twice, 15 s apart). A job still running
+    at the timeout is shown with each attempt's resume step and last step, so that a failure says
+    whether the job was moving (a heavily loaded machine) or stuck."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         info = cluster.job(job)
@@ -76,7 +78,13 @@ def wait_finished(cluster, job: int, timeout: float):
             if again is not None and again.is_finished and again.restarts == info.restarts:
                 return again
         time.sleep(1)
-    raise AssertionError(f"job {job} did not end in {timeout:.0f} s: {cluster.job(job)}")
+    moved = ""
+    if run_dir is not None and (run_dir / "supervisor" / "events.jsonl").exists():
+        ends = {e["attempt"]: e.get("last_step") for e in events_named(run_dir, "attempt_end")}
+        moved = "; attempts (resume step, last step): " + ", ".join(
+            f"{e['attempt']}: ({e.get('resume_step')}, {ends.get(e['attempt'])})"
+            for e in events_named(run_dir, "attempt_start"))
+    raise AssertionError(f"job {job} did not end in {timeout:.0f} s: {cluster.job(job)}{moved}")
 
 
 def test_readme_example_saves_at_the_warning_and_every_requeue_resumes_from_it(slurm_cluster, slurm_job_dir):
@@ -87,8 +95,8 @@ def test_readme_example_saves_at_the_warning_and_every_requeue_resumes_from_it(s
     script = as_test_job(readme_sbatch(), scratch, f"{PY} {plain} --steps 2000 --step-time 0.05 --save-every 1500",
                          {"PATH": f"{Path(PY).parent}:$PATH"}, minutes=3)
     job = slurm_cluster.sbatch(script, "-D", str(scratch))
-    info = wait_finished(slurm_cluster, job, timeout=420)
     run_dir = scratch / "runs" / "exp1"
+    info = wait_finished(slurm_cluster, job, timeout=420, run_dir=run_dir)
     assert_run_logged(run_dir, scratch, info)
     ends = [e["outcome"] for e in events_named(run_dir, "run_end")]
     assert ends[-1] == "complete" and "requeue" in ends, (ends, info)
