@@ -227,9 +227,13 @@ exec srun --ntasks=1 --cpus-per-task=2 {shlex.quote(SUPERVISE_BIN)} run --run-di
 
 def start_submit(cluster, job_dir: Path, script: Path, *args: str,
                  env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``supervise submit`` as a terminal starts it: SIGINT at its default. A runner launched in the
+    background (``nohup``, ``&`` in a script) ignores SIGINT, and a child inherits that, so without
+    this the Ctrl-C tests would test how the suite was launched."""
     return subprocess.Popen([PY, "-m", "supervisor", "submit", str(script), "--poll", "0.5", "--json", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env or submit_env(cluster), cwd=job_dir)
+                            env=env or submit_env(cluster), cwd=job_dir,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def events(run_dir: Path) -> list[dict]:
