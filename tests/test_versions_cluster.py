@@ -120,8 +120,8 @@ def evidence(run_dir: Path, info=None) -> str:
     for e in events_named_any(run_dir):
         if e.get("event") in EVIDENCE_EVENTS:
             keep = {k: v for k, v in e.items() if k in (
-                "event", "attempt", "source", "signal", "class", "decision", "how", "ok", "planned", "outcome",
-                "exit_code", "reason", "result", "job_state", "preempt_time", "cause", "stopped_by")}
+                "ts", "event", "attempt", "source", "signal", "class", "decision", "how", "ok", "planned",
+                "outcome", "exit_code", "reason", "result", "job_state", "preempt_time", "cause", "stopped_by")}
             lines.append("  " + str(keep)[:400])
     if info is not None and info.std_out and Path(info.std_out).exists():
         tail = Path(info.std_out).read_text(errors="replace").splitlines()
@@ -167,9 +167,9 @@ def assert_job(final, run_dir: Path, state: str, restarts: int) -> None:
     assert runs_in_output(final) == [str(n) for n in range(restarts + 1)], evidence(run_dir, final)
 
 
-def run_end(run_dir: Path, index: int = -1) -> dict:
+def run_end(run_dir: Path, index: int = -1, final=None) -> dict:
     ends = events(run_dir, "run_end")
-    assert ends, f"no run_end in {run_dir}"
+    assert ends, f"no run_end in {run_dir}" + evidence(run_dir, final)
     return ends[index]
 
 
@@ -178,7 +178,7 @@ def explicit_requeues(run_dir: Path) -> list[dict]:
 
 
 def assert_cancelled_by_a_person(run_dir: Path, final) -> None:
-    end = run_end(run_dir)
+    end = run_end(run_dir, final=final)
     said = f"{end.get('outcome')} {end.get('reason')}".lower()
     assert "cancel" in said and "person" in said, "run_end does not say a person cancelled" + evidence(run_dir, final)
     assert end.get("outcome") != "requeue", evidence(run_dir, final)
